@@ -1,0 +1,79 @@
+"""Planning options: frozen, validated dataclasses.
+
+Input: keyword arguments (Python) or a mapping (YAML, see :mod:`autoplan.runfile`).
+Output: a :class:`PlanConfig` every stage reads and none mutates. Bad values
+raise ``ValueError`` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from autoplan.cost.topology import Topology
+
+MM_MODES = ("einsum", "native")
+SOLVERS = ("cbc", "highs")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How to plan."""
+
+    mm_mode: str = "einsum"
+    """``"einsum"``: rewrite nn.Linear's view->mm->view into einsum so batch and
+    sequence dims stay visible (sequence parallelism can be found).
+    ``"native"``: keep mm and use DTensor's single-dim rules with
+    ``_StridedShard`` variants."""
+    memory_budget_gib: float | None = None
+    """Per-device GiB for parameters + gradients + optimizer state; None = no limit."""
+    optimizer_states: int = 2
+    """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""
+    solver: str = "cbc"
+    """MILP solver: ``"cbc"`` (ships with PuLP) or ``"highs"`` (needs highspy)."""
+    time_limit_s: float | None = 300.0
+    """Solver wall-clock limit; the best plan found so far is returned with status time_limit."""
+    mip_gap: float = 0.0
+    """Relative optimality gap at which the solver may stop."""
+    topology: Topology = field(default_factory=Topology)
+    """Devices and links the plan is priced on (default: 8x H100 per node)."""
+
+    def __post_init__(self) -> None:
+        if self.mm_mode not in MM_MODES:
+            raise ValueError(
+                f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}."
+            )
+        if self.memory_budget_gib is not None and (
+            isinstance(self.memory_budget_gib, bool)
+            or not isinstance(self.memory_budget_gib, (int, float))
+            or self.memory_budget_gib <= 0
+        ):
+            raise ValueError(
+                f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
+                "of GiB, or None for no limit."
+            )
+        if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
+            raise ValueError(
+                f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
+            )
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
+        if self.time_limit_s is not None and (
+            not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0
+        ):
+            raise ValueError(
+                f"time_limit_s ({self.time_limit_s!r}) must be a positive number of seconds."
+            )
+        if not isinstance(self.mip_gap, (int, float)) or not 0 <= self.mip_gap < 1:
+            raise ValueError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
+        if not isinstance(self.topology, Topology):
+            raise ValueError(f"topology ({self.topology!r}) must be an autoplan Topology.")
+
+    @property
+    def memory_budget_bytes(self) -> float | None:
+        return None if self.memory_budget_gib is None else self.memory_budget_gib * 2**30
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topology"}
+        out["topology"] = self.topology.device.name
+        return out

@@ -1,0 +1,149 @@
+"""Stage 4, cost: price every strategy and every edge of a strategy table.
+
+Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
+(for op arguments) and a topology. Output: a :class:`CostTable`:
+
+* ``compute[v][i]``: kernel microseconds of node v under strategy i;
+* ``edges``: for each producer->consumer tensor, the redistribution matrix
+  between the producer's distinct output placements (rows) and the
+  consumer's distinct required input placements (columns), with maps from
+  strategy index to row/column. Grouping by placement keeps the matrices as
+  small as the placements are few, which is where the ILP's size comes from.
+  Gradient edges (slot ``-1``) move a parameter's gradient to the
+  parameter's own placement, as the optimizer step needs;
+* ``memory[p][i]``: bytes per device of parameter p under strategy i, counting
+  the parameter, its gradient and ``optimizer_states`` tensors of its size
+  (AdamW: 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import fx
+
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.compute import ComputeModel, placements_bytes
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.topology import Topology
+from autoplan.placements import Placements
+from autoplan.strategies.table import StrategyTable, TensorInfo
+from autoplan.trace import TracedGraph
+
+GRAD_SLOT = -1
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """Redistribution prices of one tensor edge, grouped by placement."""
+
+    src: str
+    src_out: int
+    dst: str
+    slot: int
+    src_group: np.ndarray
+    dst_group: np.ndarray
+    cost: np.ndarray
+    src_placements: tuple[Placements, ...] = field(default=())
+    dst_placements: tuple[Placements, ...] = field(default=())
+    tensor: TensorInfo | None = None
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Everything the ILP minimizes over, in microseconds and bytes."""
+
+    compute: dict[str, np.ndarray]
+    edges: tuple[EdgeCost, ...]
+    memory: dict[str, np.ndarray]
+
+
+def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Placements, ...]]:
+    index: dict[Placements | None, int] = {}
+    group = np.empty(len(placements), dtype=np.int64)
+    for i, p in enumerate(placements):
+        group[i] = index.setdefault(p, len(index))
+    return group, tuple(index)  # type: ignore[arg-type]
+
+
+def edge_cost(
+    redist: RedistributeModel,
+    src: str,
+    src_out: int,
+    dst: str,
+    slot: int,
+    src_placements: list[Placements | None],
+    dst_placements: list[Placements | None],
+    tensor: TensorInfo,
+) -> EdgeCost:
+    """Group both sides by placement and price each (row, column) pair."""
+    sg, rows = _groups(src_placements)
+    dg, cols = _groups(dst_placements)
+    cost = np.empty((len(rows), len(cols)))
+    for r, a in enumerate(rows):
+        for c, b in enumerate(cols):
+            cost[r, c] = redist.cost_us(a, b, tensor.shape, tensor.dtype_bytes)
+    return EdgeCost(src, src_out, dst, slot, sg, dg, cost, rows, cols, tensor)
+
+
+def price(
+    table: StrategyTable,
+    traced: TracedGraph,
+    topology: Topology,
+    *,
+    optimizer_states: int = 2,
+) -> CostTable:
+    """Price compute, redistribution and memory for every candidate in ``table``."""
+    mesh_shape = table.mesh_shape
+    compute_model = ComputeModel(topology.device, mesh_shape)
+    redist = RedistributeModel(mesh_shape, CollectiveModel(topology))
+    fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}
+    compute: dict[str, np.ndarray] = {}
+    edges: list[EdgeCost] = []
+    for name, ns in table.nodes.items():
+        node = fx_nodes[name]
+        compute[name] = np.array([compute_model.time_us(ns, node, s) for s in ns.strategies])
+        for slot, ref in enumerate(ns.inputs):
+            producer = table.nodes[ref.node]
+            edges.append(
+                edge_cost(
+                    redist,
+                    ref.node,
+                    ref.index,
+                    name,
+                    slot,
+                    [s.outs[ref.index] for s in producer.strategies],
+                    [s.ins[slot] for s in ns.strategies],
+                    ns.in_tensors[slot],
+                )
+            )
+    memory: dict[str, np.ndarray] = {}
+    for fqn, pname in zip(traced.param_fqns, traced.params, strict=True):
+        ns = table.nodes[pname]
+        info = ns.out_tensors[0]
+        assert info is not None
+        memory[pname] = np.array(
+            [
+                placements_bytes(info.shape, info.dtype_bytes, s.outs[0], mesh_shape)
+                * (2 + optimizer_states)
+                for s in ns.strategies
+            ],
+            dtype=np.float64,
+        )
+        grad = traced.grads.get(fqn)
+        if grad is not None and grad in table.nodes:
+            g = table.nodes[grad]
+            edges.append(
+                edge_cost(
+                    redist,
+                    grad,
+                    0,
+                    pname,
+                    GRAD_SLOT,
+                    [s.outs[0] for s in g.strategies],
+                    [s.outs[0] for s in ns.strategies],
+                    info,
+                )
+            )
+    return CostTable(compute=compute, edges=tuple(edges), memory=memory)

@@ -1,0 +1,209 @@
+r"""Stage 5a, ILP build: the integer program whose optimum is the plan.
+
+Input: a :class:`~autoplan.cost.price.CostTable` (plus which strategies each
+node may keep, and a memory budget). Output: an :class:`IlpModel` holding a
+PuLP problem and the variables the solution is read from.
+
+The math (microseconds of estimated step time)::
+
+    variables   s[v,i] ∈ {0,1}       node v runs strategy i          (add_node_vars)
+                e[uv,r,c] ∈ [0,1]    edge uv moves placement r -> c   (add_edges)
+
+    one strategy per node     Σ_i s[v,i] = 1                                 (add_node_vars)
+    edge linearization        Σ_c e[uv,r,c] = Σ_{i: out(u,i)=r} s[u,i]       (add_edges)
+                              Σ_r e[uv,r,c] = Σ_{j: in(v,j)=c}  s[v,j]
+    memory per device         Σ_p Σ_i M[p,i] · s[p,i] ≤ budget               (add_memory)
+
+    minimize   Σ_v Σ_i C[v,i] · s[v,i]  +  Σ_uv Σ_rc R[uv,r,c] · e[uv,r,c]
+
+Rows r and columns c are *distinct placements* of the tensor on each side,
+not strategies: R depends only on the placement pair, so the linearization
+of s[u,i]·s[v,j] is exact over placement groups and much smaller. With s
+integral, the two sums fix the group indicators to 0/1 and force e to their
+product, so e may be continuous. An infinite R[r,c] (a move DTensor cannot
+make) has no variable: if no finite column is left for a row, the row's
+group cannot be chosen. When one side of an edge has a single placement the
+edge cost is folded into the other side's linear cost and no e exists.
+Gradient edges (slot -1) tie a parameter's gradient to the parameter's
+placement: the price of that move is the gradient reduction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from autoplan.cost.price import CostTable, EdgeCost
+
+
+@dataclass
+class IlpModel:
+    """A built PuLP problem and the handles to read a solution from."""
+
+    problem: pulp.LpProblem
+    choice_vars: dict[str, list[pulp.LpVariable | None]]
+    allowed: dict[str, np.ndarray]
+    fixed_cost: float
+    num_variables: int
+    num_constraints: int
+
+
+class _Builder:
+    def __init__(self, costs: CostTable, allowed: Mapping[str, np.ndarray]) -> None:
+        self.costs = costs
+        self.allowed = {v: np.asarray(a, dtype=bool) for v, a in allowed.items()}
+        self.problem = pulp.LpProblem("autoplan", pulp.LpMinimize)
+        self.vars: dict[str, list[pulp.LpVariable | None]] = {}
+        self.linear: dict[str, np.ndarray] = {v: c.astype(np.float64).copy() for v, c in costs.compute.items()}
+        self.objective: list[tuple[pulp.LpVariable, float]] = []
+        self.fixed = 0.0
+        self.num_vars = 0
+        self.num_cons = 0
+
+    def single(self, v: str) -> int | None:
+        """Index of v's only allowed strategy, or None when v has a choice."""
+        idx = np.flatnonzero(self.allowed[v])
+        return int(idx[0]) if len(idx) == 1 else None
+
+    def add_node_vars(self) -> None:
+        for v, ok in self.allowed.items():
+            if not ok.any():
+                raise ValueError(f"node {v} has no allowed strategy")
+            if self.single(v) is not None:
+                self.vars[v] = [None] * len(ok)
+                continue
+            names = [
+                pulp.LpVariable(f"s_{len(self.vars)}_{i}", cat=pulp.LpBinary) if ok[i] else None
+                for i in range(len(ok))
+            ]
+            self.vars[v] = names
+            self.num_vars += int(ok.sum())
+            self.problem += pulp.lpSum(x for x in names if x is not None) == 1
+            self.num_cons += 1
+
+    def _group_expr(self, v: str, group: np.ndarray, g: int) -> list[pulp.LpVariable]:
+        return [
+            x for i, x in enumerate(self.vars[v]) if x is not None and group[i] == g
+        ]
+
+    def _fold(self, edge: EdgeCost) -> bool:
+        """Fold an edge with a fixed side into the other side's linear cost."""
+        su, sv = self.single(edge.src), self.single(edge.dst)
+        if su is None and sv is None:
+            return False
+        if su is not None and sv is not None:
+            c = edge.cost[edge.src_group[su], edge.dst_group[sv]]
+            if not math.isfinite(c):
+                raise ValueError(
+                    f"edge {edge.src} -> {edge.dst}: the only allowed placements cannot be "
+                    "redistributed into each other"
+                )
+            self.fixed += c
+            return True
+        if su is not None:
+            row = edge.cost[edge.src_group[su]]
+            extra = row[edge.dst_group]
+            target = edge.dst
+        else:
+            col = edge.cost[:, edge.dst_group[sv]]
+            extra = col[edge.src_group]
+            target = edge.src
+        bad = ~np.isfinite(extra)
+        self.allowed[target] &= ~bad
+        if not self.allowed[target].any():
+            raise ValueError(
+                f"edge {edge.src} -> {edge.dst}: no strategy of {target} can take or give "
+                "the placement fixed on the other side"
+            )
+        for i in np.flatnonzero(bad):
+            x = self.vars.get(target, [None] * len(bad))[i]
+            if x is not None:
+                x.upBound = 0
+        self.linear[target] = self.linear[target] + np.where(bad, 0.0, extra)
+        return True
+
+    def add_edges(self) -> None:
+        # Fold first (it may remove strategies), then create node variables.
+        pending = [e for e in self.costs.edges if not self._fold(e)]
+        self.add_node_vars()
+        for e in pending:
+            self._add_edge(e)
+
+    def _add_edge(self, edge: EdgeCost) -> None:
+        if self._fold(edge):
+            return
+        rows, cols = edge.cost.shape
+        e_vars: dict[tuple[int, int], pulp.LpVariable] = {}
+        k = self.num_vars
+        for r in range(rows):
+            for c in range(cols):
+                cost = edge.cost[r, c]
+                if math.isfinite(cost):
+                    x = pulp.LpVariable(f"e_{k}_{r}_{c}", lowBound=0, upBound=1)
+                    k += 1
+                    e_vars[(r, c)] = x
+                    if cost:
+                        self.objective.append((x, float(cost)))
+        self.num_vars = k
+        for r in range(rows):
+            members = self._group_expr(edge.src, edge.src_group, r)
+            out = [x for (rr, _), x in e_vars.items() if rr == r]
+            if not out and not members:
+                continue
+            self.problem += pulp.lpSum(out) == pulp.lpSum(members)
+            self.num_cons += 1
+        for c in range(cols):
+            members = self._group_expr(edge.dst, edge.dst_group, c)
+            inc = [x for (_, cc), x in e_vars.items() if cc == c]
+            if not inc and not members:
+                continue
+            self.problem += pulp.lpSum(inc) == pulp.lpSum(members)
+            self.num_cons += 1
+
+    def add_memory(self, budget_bytes: float | None) -> None:
+        if budget_bytes is None or not self.costs.memory:
+            return
+        terms = []
+        for p, mem in self.costs.memory.items():
+            only = self.single(p)
+            if only is not None:
+                budget_bytes -= float(mem[only])
+                continue
+            terms.extend((x, float(mem[i])) for i, x in enumerate(self.vars[p]) if x is not None)
+        self.problem += pulp.LpAffineExpression(terms) <= budget_bytes, "memory_budget"
+        self.num_cons += 1
+
+    def set_objective(self) -> None:
+        terms = list(self.objective)
+        for v, xs in self.vars.items():
+            only = self.single(v)
+            if only is not None:
+                self.fixed += float(self.linear[v][only])
+                continue
+            terms.extend((x, float(self.linear[v][i])) for i, x in enumerate(xs) if x is not None)
+        self.problem += pulp.LpAffineExpression(terms) + self.fixed
+
+
+def build_ilp(
+    costs: CostTable,
+    *,
+    allowed: Mapping[str, np.ndarray] | None = None,
+    memory_budget_bytes: float | None = None,
+) -> IlpModel:
+    """Build the ILP of the module docstring for ``costs``.
+
+    ``allowed[v]`` masks node v's strategies (user placement constraints);
+    missing nodes allow all.
+    """
+    mask = {v: np.ones(len(c), dtype=bool) for v, c in costs.compute.items()}
+    for v, a in (allowed or {}).items():
+        mask[v] = mask[v] & np.asarray(a, dtype=bool)
+    b = _Builder(costs, mask)
+    b.add_edges()
+    b.add_memory(memory_budget_bytes)
+    b.set_objective()
+    return IlpModel(b.problem, b.vars, b.allowed, b.fixed, b.num_vars, b.num_cons)

@@ -1,0 +1,78 @@
+"""Stage 5b, solve: run a MILP solver on the built ILP and read the choice back.
+
+Input: an :class:`~autoplan.ilp.build.IlpModel`. Output: a :class:`Solution`
+(status, objective, the chosen strategy index of every node).
+
+CBC ships inside PuLP, so planning needs no extra install; HiGHS
+(``highspy``) is used when asked for and installed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from autoplan.ilp.build import IlpModel
+
+SOLVERS = ("cbc", "highs")
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What the solver found. ``choice`` is empty unless a solution exists."""
+
+    status: str  # "optimal" | "time_limit" | "infeasible"
+    objective_us: float
+    choice: dict[str, int]
+    solve_seconds: float
+    solver: str
+
+
+def _make_solver(name: str, time_limit_s: float | None, mip_gap: float) -> pulp.LpSolver:
+    if name == "cbc":
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
+    if name == "highs":
+        solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
+        if not solver.available():
+            raise ValueError(
+                "solver 'highs' needs the highspy package: pip install 'autoplan[highs]', "
+                "or use solver: cbc"
+            )
+        return solver
+    raise ValueError(f"solver {name!r} is not known; allowed: {', '.join(SOLVERS)}")
+
+
+def solve(
+    model: IlpModel,
+    *,
+    solver: str = "cbc",
+    time_limit_s: float | None = None,
+    mip_gap: float = 0.0,
+) -> Solution:
+    """Solve ``model``; nodes with a single allowed strategy need no variable."""
+    start = time.perf_counter()
+    has_vars = any(x is not None for xs in model.choice_vars.values() for x in xs)
+    if has_vars:
+        code = model.problem.solve(_make_solver(solver, time_limit_s, mip_gap))
+        status_name = pulp.LpStatus[code]
+    else:
+        status_name = "Optimal"
+    seconds = time.perf_counter() - start
+    if status_name in ("Infeasible", "Undefined") or (
+        status_name == "Not Solved" and model.problem.sol_status != pulp.LpSolutionIntegerFeasible
+    ):
+        return Solution("infeasible", float("nan"), {}, seconds, solver)
+    choice: dict[str, int] = {}
+    for v, xs in model.choice_vars.items():
+        if all(x is None for x in xs):
+            choice[v] = int(np.flatnonzero(model.allowed[v])[0])
+            continue
+        values = [(x.varValue or 0.0) if x is not None else -1.0 for x in xs]
+        choice[v] = int(np.argmax(values))
+    objective = pulp.value(model.problem.objective) if has_vars else model.fixed_cost
+    optimal = status_name == "Optimal" and model.problem.sol_status == pulp.LpSolutionOptimal
+    status = "optimal" if optimal or not has_vars else "time_limit"
+    return Solution(status, float(objective), choice, seconds, solver)

@@ -1,0 +1,134 @@
+"""Placement helpers shared by every stage: short printing, parsing, local shapes.
+
+A *placements* value is a tuple with one DTensor placement per mesh axis, e.g.
+``(Shard(0), Replicate())``, printed ``S(0)R``. ``_StridedShard`` counts as
+sharded everywhere autoplan asks "is this dim sharded" (local shapes, FLOPs,
+memory, redistribution): :func:`sharded_dim` is the one helper for that
+question.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from autoplan.strategies.dtensor import Partial, Placement, Replicate, Shard, _StridedShard
+
+Placements = tuple[Placement, ...]
+
+
+def sharded_dim(p: Placement) -> int | None:
+    """The tensor dim ``p`` shards (plain or strided), or None for R and P."""
+    if isinstance(p, (Shard, _StridedShard)):
+        return p.dim
+    return None
+
+
+def short(p: Placement | None) -> str:
+    """DTensor's short form: ``S(0)``, ``_S(0,2)``, ``R``, ``P``."""
+    if p is None:
+        return "-"
+    if isinstance(p, _StridedShard):
+        return f"_S({p.dim},{p.split_factor})"
+    if isinstance(p, Shard):
+        return f"S({p.dim})"
+    if isinstance(p, Replicate):
+        return "R"
+    if isinstance(p, Partial):
+        return "P" if p.reduce_op == "sum" and type(p) is Partial else f"P({p.reduce_op})"
+    return str(p)
+
+
+def fmt(placements: Sequence[Placement] | None) -> str:
+    """``(Shard(0), Replicate())`` -> ``S(0)R``."""
+    if placements is None:
+        return "-"
+    return "".join(short(p) for p in placements)
+
+
+_TOKEN = re.compile(r"\s*(_S\(\s*(\d+)\s*,\s*(\d+)\s*\)|S\(\s*(\d+)\s*\)|R|P)\s*")
+
+
+def parse(text: str, num_axes: int | None = None) -> Placements:
+    """Parse ``"S(0)R"``, ``"S(0), R"`` or ``"_S(0,2)P"`` into placements.
+
+    Raises ValueError naming the text and the allowed forms.
+    """
+    pos, out = 0, []
+    cleaned = text.replace(",", " ")
+    while pos < len(cleaned):
+        if cleaned[pos:].strip() == "":
+            break
+        m = _TOKEN.match(cleaned, pos)
+        if m is None:
+            raise ValueError(
+                f"placement {text!r} does not parse at {cleaned[pos:]!r}; "
+                "allowed per mesh axis: S(d), _S(d,split_factor), R, P"
+            )
+        tok = m.group(1)
+        if tok.startswith("_S"):
+            out.append(_StridedShard(int(m.group(2)), split_factor=int(m.group(3))))
+        elif tok.startswith("S"):
+            out.append(Shard(int(m.group(4))))
+        elif tok == "R":
+            out.append(Replicate())
+        else:
+            out.append(Partial())
+        pos = m.end()
+    if not out:
+        raise ValueError(f"placement {text!r} is empty; write one of S(d), R, P per mesh axis")
+    if num_axes is not None and len(out) != num_axes:
+        raise ValueError(
+            f"placement {text!r} has {len(out)} entries but the mesh has {num_axes} axes; "
+            "give one placement per mesh axis"
+        )
+    return tuple(out)
+
+
+def shard_degrees(placements: Sequence[Placement], mesh_shape: Sequence[int], ndim: int) -> list[int]:
+    """How many ways each tensor dim is split under ``placements``."""
+    degrees = [1] * ndim
+    for p, size in zip(placements, mesh_shape, strict=True):
+        d = sharded_dim(p)
+        if d is not None:
+            degrees[d] *= size
+    return degrees
+
+
+def local_shape(
+    shape: Sequence[int], placements: Sequence[Placement], mesh_shape: Sequence[int]
+) -> tuple[int, ...]:
+    """Per-rank shape (even sharding assumed; see :func:`is_even`)."""
+    degrees = shard_degrees(placements, mesh_shape, len(shape))
+    return tuple(s // k for s, k in zip(shape, degrees, strict=True))
+
+
+def is_even(
+    shape: Sequence[int], placements: Sequence[Placement], mesh_shape: Sequence[int]
+) -> bool:
+    """True iff every sharded dim divides evenly (strided shards: by split factor too)."""
+    degrees = [1] * len(shape)
+    for p, size in zip(placements, mesh_shape, strict=True):
+        d = sharded_dim(p)
+        if d is None:
+            continue
+        if d >= len(shape):
+            return False
+        degrees[d] *= size
+        if isinstance(p, _StridedShard) and shape[d] % (p.split_factor * size) != 0:
+            return False
+    return all(s % k == 0 for s, k in zip(shape, degrees, strict=True))
+
+
+def local_fraction(placements: Sequence[Placement], mesh_shape: Sequence[int]) -> float:
+    """Fraction of the global tensor each rank holds (1.0 when not sharded)."""
+    k = 1
+    for p, size in zip(placements, mesh_shape, strict=True):
+        if sharded_dim(p) is not None:
+            k *= size
+    return 1.0 / k
+
+
+def num_elements(shape: Sequence[int]) -> int:
+    return math.prod(shape)

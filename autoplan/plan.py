@@ -1,0 +1,148 @@
+"""The plan: the solver's answer as placements people and ``parallelize`` can read.
+
+Input: built by :func:`autoplan.planner.plan`. Output: a frozen :class:`Plan`
+that prints a summary and saves to / loads from JSON exactly (placements are
+stored in DTensor's short form, ``S(0)R``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.placements import Placements, fmt, parse
+
+STATUSES = ("optimal", "time_limit", "infeasible")
+PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sharding plan for one model on one mesh.
+
+    ``param_placements`` maps a parameter FQN to one placement per mesh axis;
+    ``node_placements`` maps a graph node to ``{"op", "out", "in"}`` in short
+    form; ``timings`` gives seconds per phase; ``ilp_size`` the solver's
+    variables and constraints; ``comm`` the priced collectives by kind
+    (count, bytes, microseconds); ``memory_bytes`` the per-device bytes of
+    parameters, gradients and optimizer state.
+    """
+
+    status: str
+    objective_us: float
+    compute_us: float
+    comm_us: float
+    param_placements: dict[str, Placements]
+    node_placements: dict[str, dict[str, Any]]
+    timings: dict[str, float]
+    ilp_size: dict[str, int]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    comm: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory_bytes: float = 0.0
+    graph_nodes: int = 0
+    solver: str = "cbc"
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    fallback_ops: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Plan.status ({self.status!r}) must be one of {', '.join(STATUSES)}.")
+
+    # -- JSON -------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["param_placements"] = {k: fmt(v) for k, v in self.param_placements.items()}
+        d["mesh_shape"] = list(self.mesh_shape)
+        d["axis_names"] = list(self.axis_names)
+        d["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
+        d["fallback_ops"] = list(self.fallback_ops)
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "<json>") -> Plan:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}: not a plan JSON file ({exc})") from exc
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"{source}: unknown plan keys {sorted(unknown)}")
+        n = len(d["mesh_shape"])
+        d["param_placements"] = {k: parse(v, n) for k, v in d["param_placements"].items()}
+        d["mesh_shape"] = tuple(d["mesh_shape"])
+        d["axis_names"] = tuple(d["axis_names"])
+        d["param_shapes"] = {k: tuple(v) for k, v in d.get("param_shapes", {}).items()}
+        d["fallback_ops"] = tuple(d.get("fallback_ops", ()))
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.from_json(Path(path).read_text(), source=str(path))
+
+    # -- reading ------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """Timings, ILP size, status, objective split and parameter placements by kind."""
+        mesh = " x ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape, strict=True))
+        lines = [f"autoplan plan  mesh: {mesh}  mm_mode: {self.config.get('mm_mode', '?')}"]
+        lines.append(
+            "phases (s):  "
+            + "  ".join(f"{p} {self.timings[p]:.2f}" for p in PHASES if p in self.timings)
+            + f"  total {sum(self.timings.values()):.2f}"
+        )
+        lines.append(
+            f"graph: {self.graph_nodes} nodes   ILP: {self.ilp_size.get('variables', 0)} variables, "
+            f"{self.ilp_size.get('constraints', 0)} constraints   solver: {self.solver} -> {self.status}"
+        )
+        if self.message:
+            lines.append(self.message)
+        if self.status == "infeasible":
+            return "\n".join(lines)
+        lines.append(
+            f"estimated step: {self.objective_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f} ms"
+            f" + comm {self.comm_us / 1e3:.2f} ms"
+        )
+        lines.append(f"memory per device (params+grads+optimizer): {self.memory_bytes / 2**30:.2f} GiB")
+        if self.comm:
+            lines.append("collectives:")
+            for kind, c in sorted(self.comm.items(), key=lambda kv: -kv[1]["us"]):
+                lines.append(
+                    f"  {kind:<15} x{int(c['count']):<5} {c['bytes'] / 2**20:12.1f} MiB  {c['us'] / 1e3:9.3f} ms"
+                )
+        lines.append("parameter placements (" + ", ".join(self.axis_names) + "):")
+        for kind, counts in param_groups(self.param_placements).items():
+            placed = ", ".join(f"{p} x{c}" if c > 1 else p for p, c in counts.most_common())
+            lines.append(f"  {kind:<28} {placed}")
+        if self.fallback_ops:
+            lines.append("replicated (no sharding rule): " + ", ".join(self.fallback_ops))
+        return "\n".join(lines)
+
+
+def param_kind(fqn: str) -> str:
+    """``layers.3.attention.wq.weight`` -> ``attention.wq``; ``tok_embeddings.weight`` -> ``tok_embeddings``."""
+    parts = [p for p in fqn.split(".") if not re.fullmatch(r"\d+", p)]
+    if parts and parts[0] == "layers":
+        parts = parts[1:]
+    if parts and parts[-1] in ("weight", "bias"):
+        parts = parts[:-1] if len(parts) > 1 else parts
+    return ".".join(parts) or fqn
+
+
+def param_groups(placements: dict[str, Placements]) -> dict[str, Counter[str]]:
+    """Placements counted per parameter kind, in first-seen order."""
+    groups: dict[str, Counter[str]] = defaultdict(Counter)
+    for fqn, p in placements.items():
+        groups[param_kind(fqn)][fmt(p)] += 1
+    return dict(groups)

@@ -1,0 +1,165 @@
+"""The adapter: the one module that imports torch's private APIs.
+
+Input: aten ops with tensor metadata. Output: DTensor's own sharding rules for
+them, in two forms: *single-dim rules* (per mesh axis, placements of
+``[outputs..., tensor inputs...]`` with ``_ShardingPlaceholder`` for "any
+sharding of dim d") and *op strategies* (DTensor's full-mesh ``OpStrategy``
+functions, used for view-like and reduction ops that only have those).
+
+Why one module: DTensor's strategy registry, ``OpSchema``, ``_StridedShard``,
+fake tensors and the fake process group are private and change between torch
+releases. Everything else in autoplan imports them from here, so a torch
+upgrade touches this file alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.tensor._ops  # noqa: F401  (registers DTensor's rules)
+import torch.distributed.tensor._ops.utils as _dtensor_op_utils
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._ops._matrix_ops import gen_single_dim_einsum_strategies
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _fill_single_dim_strategy_placeholders,
+    _ShardingPlaceholder,
+)
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    _StridedShard,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+__all__ = [
+    "DTensorSpec",
+    "DeviceMesh",
+    "FakeTensor",
+    "FakeTensorMode",
+    "OpSchema",
+    "OpSpec",
+    "OpStrategy",
+    "Partial",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "ShardingPlaceholder",
+    "TensorMeta",
+    "TupleStrategy",
+    "_StridedShard",
+    "einsum_rules",
+    "fill_placeholders",
+    "has_op_strategy",
+    "init_fake_process_group",
+    "op_strategy",
+    "single_dim_rules",
+]
+
+ShardingPlaceholder = _ShardingPlaceholder
+aten = torch.ops.aten
+
+# Attention ops a CPU trace produces. DTensor has rules only for the GPU
+# kernels; the plan is for GPUs, so autoplan gives the CPU kernels the same
+# batch- and head-sharded rules (dims: [batch, heads, seq, head_dim]).
+_CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+_CPU_FLASH_BWD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _propagator() -> Any:
+    return DTensor._op_dispatcher.sharding_propagator
+
+
+def _attention_rules(op: torch._ops.OpOverload) -> list[list[Placement | _ShardingPlaceholder]]:
+    # forward: [out, logsumexp, q, k, v]; backward: [dq, dk, dv, grad_out, q, k, v, out, lse]
+    width = 5 if op is _CPU_FLASH else 9
+    return [[_ShardingPlaceholder(d)] * width for d in (0, 1)]
+
+
+def single_dim_rules(
+    op: torch._ops.OpOverload, args_meta: Sequence[Any], kwargs_meta: dict[str, Any]
+) -> list[list[Placement | _ShardingPlaceholder | None]] | None:
+    """DTensor's single-dim rules for ``op``, or None when it has none.
+
+    ``args_meta`` mirrors the op's arguments with ``TensorMeta`` in place of
+    tensors. Each rule lists placements for ``[outputs..., tensor inputs...]``
+    on one mesh axis; the all-replicate rule is always included.
+    """
+    if op in (_CPU_FLASH, _CPU_FLASH_BWD):
+        rules: list[list[Any]] = list(_attention_rules(op))
+    else:
+        info = _propagator().op_single_dim_strategy_funcs.get(op)
+        if info is None:
+            return None
+        rules = [list(r) for r in info.func(op, tuple(args_meta), dict(kwargs_meta))]
+    width = len(rules[0]) if rules else None
+    if width is not None and not any(all(isinstance(p, Replicate) for p in r) for r in rules):
+        rules.insert(0, [Replicate()] * width)
+    return rules
+
+
+def einsum_rules(equation: str) -> list[list[Placement | _ShardingPlaceholder]]:
+    """Single-dim rules of an einsum ``[out, lhs, rhs]``, from DTensor's einsum generator."""
+    return [list(r) for r in gen_single_dim_einsum_strategies(equation)]
+
+
+def fill_placeholders(
+    rules: list[list[Placement | _ShardingPlaceholder | None]], seen: set[Placement]
+) -> list[list[Placement | None]]:
+    """Replace placeholders by ``Shard(d)`` and by ``_StridedShard(d, sf)`` for each split
+    factor ``sf`` among the ``seen`` input placements (DTensor's own expansion)."""
+    return _fill_single_dim_strategy_placeholders(seen | {Shard(0)}, rules)
+
+
+def has_op_strategy(op: torch._ops.OpOverload) -> bool:
+    return op in _propagator().op_strategy_funcs
+
+
+def _zero_cost(src: DTensorSpec, dst: DTensorSpec) -> float:
+    return 0.0
+
+
+@contextlib.contextmanager
+def _without_dtensor_costs() -> Iterator[None]:
+    # DTensor's strategy functions price every (input candidate, requirement)
+    # pair with its graph-search redistribution planner: ~80% of a planning
+    # run's time on LLaMA, and autoplan prices redistributions itself. Swap the
+    # pricing function for a zero while a strategy function runs.
+    saved = _dtensor_op_utils.redistribute_cost
+    _dtensor_op_utils.redistribute_cost = _zero_cost
+    try:
+        yield
+    finally:
+        _dtensor_op_utils.redistribute_cost = saved
+
+
+def op_strategy(op: torch._ops.OpOverload, schema: OpSchema) -> OpStrategy | TupleStrategy:
+    """Run DTensor's full-mesh strategy function for ``op`` on ``schema`` (unpriced)."""
+    with _without_dtensor_costs():
+        return _propagator().op_strategy_funcs[op](schema)
+
+
+def schema_info(op: torch._ops.OpOverload) -> Any:
+    return _propagator().op_to_schema_info.get(op)
+
+
+def init_fake_process_group(world_size: int) -> None:
+    """(Re)initialize a fake process group of ``world_size`` ranks on this one CPU.
+
+    The ``"fake"`` backend runs no collective; it only lets ``DeviceMesh``
+    exist for planning.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() == world_size and dist.get_backend() == "fake":
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)

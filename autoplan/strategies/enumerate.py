@@ -1,0 +1,364 @@
+"""Stage 3, strategies: candidate strategies for every node of a traced graph.
+
+Input: a :class:`~autoplan.trace.TracedGraph` and a ``DeviceMesh``. Output: a
+:class:`~autoplan.strategies.table.StrategyTable`.
+
+Where rules come from, in order:
+
+1. ``aten.einsum`` (from the einsum rewrite): DTensor's single-dim einsum generator.
+2. Ops with DTensor single-dim rules (pointwise, the mm family, embedding, the
+   CPU attention kernels via the adapter): the per-axis rules are filled with
+   ``Shard(d)`` and with ``_StridedShard(d, sf)`` for every split factor seen on
+   the candidate placements of the node's inputs, then expanded to the mesh as
+   the cartesian product over axes.
+3. Ops with only a full-mesh DTensor strategy function (views, reductions):
+   called with every candidate placement of each input.
+4. Anything else: full replication, named once in a warning.
+
+Only ``Partial("sum")`` (and the embedding's masked partial) is kept: other
+partial reductions (avg, max, min) multiply the candidates without helping a
+training step. Strategies that would shard a dim unevenly are dropped: the
+plans autoplan prices and executes use even shards only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from autoplan.placements import Placements, is_even
+from autoplan.strategies.dtensor import (
+    DeviceMesh,
+    DTensorSpec,
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    TensorMeta,
+    TupleStrategy,
+    _StridedShard,
+    einsum_rules,
+    fill_placeholders,
+    has_op_strategy,
+    op_strategy,
+    schema_info,
+    single_dim_rules,
+)
+from autoplan.strategies.table import (
+    InputRef,
+    NodeStrategies,
+    Strategy,
+    StrategyTable,
+    TensorInfo,
+)
+from autoplan.trace import TracedGraph
+
+aten = torch.ops.aten
+
+FREE_OPS = frozenset(
+    {
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.t.default,
+        aten.transpose.int,
+        aten.permute.default,
+        aten.expand.default,
+        aten.unsqueeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.alias.default,
+        aten.detach.default,
+        aten.slice.Tensor,
+        aten.select.int,
+        aten.split.Tensor,
+        aten.unbind.int,
+    }
+)
+
+
+def _tensor_info(val: Any) -> TensorInfo | None:
+    if not isinstance(val, torch.Tensor):
+        return None
+    return TensorInfo(tuple(int(s) for s in val.shape), val.element_size(), str(val.dtype))
+
+
+def _meta(val: torch.Tensor) -> TensorMeta:
+    return TensorMeta(val.shape, val.stride(), val.dtype)
+
+
+def _keep_placement(p: Placement | None) -> bool:
+    return not isinstance(p, Partial) or p.reduce_op == "sum"
+
+
+def _placeholder_candidates(info: TensorInfo, mesh_shape: Sequence[int]) -> list[Placements]:
+    per_axis = [Replicate()] + [Shard(d) for d, s in enumerate(info.shape) if s > 1]
+    out = []
+    for combo in itertools.product(per_axis, repeat=len(mesh_shape)):
+        if is_even(info.shape, combo, mesh_shape):
+            out.append(tuple(combo))
+    return out
+
+
+class _Enumerator:
+    """Walks the graph once; owns the per-run lookups."""
+
+    def __init__(self, traced: TracedGraph, mesh: DeviceMesh) -> None:
+        self.traced = traced
+        self.mesh = mesh
+        self.mesh_shape = tuple(mesh.shape)
+        self.nodes: dict[str, NodeStrategies] = {}
+        self.fallback: dict[str, None] = {}
+        self.kinds = {n: "param" for n in traced.params}
+        self.kinds |= {n: "buffer" for n in traced.buffers}
+        self.kinds |= {n: "input" for n in traced.inputs}
+
+    def run(self) -> StrategyTable:
+        for node in self.traced.gm.graph.nodes:
+            if node.op in ("output",):
+                continue
+            ns = self._node(node)
+            if ns is not None:
+                self.nodes[node.name] = ns
+        if self.fallback:
+            warnings.warn(
+                "autoplan: no sharding rule for "
+                + ", ".join(self.fallback)
+                + "; these ops run replicated",
+                stacklevel=3,
+            )
+        return StrategyTable(
+            mesh_shape=self.mesh_shape,
+            axis_names=tuple(self.mesh.mesh_dim_names or ()),
+            nodes=self.nodes,
+            fallback_ops=tuple(self.fallback),
+        )
+
+    # -- per node -----------------------------------------------------------------
+
+    def _node(self, node: fx.Node) -> NodeStrategies | None:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            info = _tensor_info(val)
+            assert info is not None, f"placeholder {node.name} is not a tensor"
+            strategies = tuple(
+                Strategy(outs=(p,), ins=()) for p in _placeholder_candidates(info, self.mesh_shape)
+            )
+            return NodeStrategies(
+                node.name, "placeholder", self.kinds[node.name], (), (), (info,), strategies
+            )
+        if node.op != "call_function":
+            return None
+        if node.target is operator.getitem:
+            return self._getitem(node)
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return None
+        outs = val if isinstance(val, (tuple, list)) else (val,)
+        out_infos = tuple(_tensor_info(v) for v in outs)
+        if all(i is None for i in out_infos):
+            return None
+        in_nodes = [a for a in _flat_args(node) if isinstance(a.meta.get("val"), torch.Tensor)]
+        inputs = tuple(InputRef(a.name, 0) for a in in_nodes)
+        in_infos = tuple(_tensor_info(a.meta["val"]) for a in in_nodes)
+        strategies, fallback = self._op_strategies(node, in_nodes, out_infos)
+        if fallback:
+            self.fallback[str(node.target)] = None
+        strategies = self._valid(strategies, in_infos, out_infos)
+        if not strategies:
+            strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
+            fallback = True
+        return NodeStrategies(
+            name=node.name,
+            op=str(node.target),
+            kind="op",
+            inputs=inputs,
+            in_tensors=in_infos,
+            out_tensors=out_infos,
+            strategies=tuple(dict.fromkeys(strategies)),
+            fallback=fallback,
+            free=node.target in FREE_OPS,
+        )
+
+    def _getitem(self, node: fx.Node) -> NodeStrategies:
+        parent, index = node.args
+        src = self.nodes[parent.name]
+        info = src.out_tensors[index]
+        seen: dict[Placements, None] = {}
+        for s in src.strategies:
+            p = s.outs[index]
+            if p is not None:
+                seen[p] = None
+        strategies = tuple(Strategy(outs=(p,), ins=(p,)) for p in seen)
+        return NodeStrategies(
+            node.name,
+            "getitem",
+            "op",
+            (InputRef(parent.name, index),),
+            (info,),
+            (info,),
+            strategies,
+            free=True,
+        )
+
+    def _candidates(self, arg: fx.Node) -> list[Placements]:
+        src = self.nodes[arg.name]
+        seen: dict[Placements, None] = {}
+        for s in src.strategies:
+            p = s.outs[0]
+            if p is not None:
+                seen[p] = None
+        return list(seen)
+
+    def _op_strategies(
+        self, node: fx.Node, in_nodes: list[fx.Node], out_infos: tuple[TensorInfo | None, ...]
+    ) -> tuple[list[Strategy], bool]:
+        op = node.target
+        if op is aten.einsum.default:
+            return self._expand(einsum_rules(node.args[0]), in_nodes, len(out_infos)), False
+        args_meta = _map_tensors(node.args, lambda n: _meta(n.meta["val"]))
+        kwargs_meta = _map_tensors(node.kwargs, lambda n: _meta(n.meta["val"]))
+        rules = single_dim_rules(op, args_meta, kwargs_meta)
+        if rules is not None:
+            return self._expand(rules, in_nodes, len(out_infos)), False
+        if has_op_strategy(op):
+            return self._from_op_strategy(node, len(out_infos)), False
+        return [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)], True
+
+    def _expand(
+        self, rules: list[list[Any]], in_nodes: list[fx.Node], num_outs: int
+    ) -> list[Strategy]:
+        seen: set[Placement] = set()
+        for a in in_nodes:
+            for cand in self._candidates(a):
+                seen.update(p for p in cand if isinstance(p, _StridedShard))
+        filled = [r for r in fill_placeholders(rules, seen) if all(map(_keep_placement, r))]
+        width = num_outs + len(in_nodes)
+        filled = [r for r in filled if len(r) == width]
+        out = []
+        for combo in itertools.product(filled, repeat=len(self.mesh_shape)):
+            per_tensor = list(zip(*combo, strict=True))
+            outs = tuple(None if any(p is None for p in t) else tuple(t) for t in per_tensor[:num_outs])
+            ins = tuple(tuple(t) for t in per_tensor[num_outs:])
+            out.append(Strategy(outs=outs, ins=ins))
+        return out
+
+    def _from_op_strategy(self, node: fx.Node, num_outs: int) -> list[Strategy]:
+        try:
+            return self._call_op_strategy(node, num_outs, None)
+        except Exception:
+            # DTensor refuses some candidates (e.g. a _StridedShard a view cannot
+            # unflatten); ask again one candidate of the first input at a time.
+            pass
+        first = next(a for a in _flat_args(node) if isinstance(a.meta.get("val"), torch.Tensor))
+        out: list[Strategy] = []
+        for cand in self._candidates(first):
+            try:
+                out.extend(self._call_op_strategy(node, num_outs, (first.name, cand)))
+            except Exception:
+                continue
+        return out
+
+    def _call_op_strategy(
+        self, node: fx.Node, num_outs: int, pin: tuple[str, Placements] | None
+    ) -> list[Strategy]:
+        def to_strategy(n: fx.Node) -> OpStrategy:
+            meta = _meta(n.meta["val"])
+            cands = [pin[1]] if pin is not None and pin[0] == n.name else self._candidates(n)
+            return OpStrategy([OpSpec(DTensorSpec(self.mesh, p, tensor_meta=meta)) for p in cands])
+
+        args = _map_tensors(node.args, to_strategy)
+        kwargs = _map_tensors(node.kwargs, to_strategy)
+        schema = OpSchema(node.target, tuple(args), kwargs, schema_info=schema_info(node.target))
+        result = op_strategy(node.target, schema)
+        if isinstance(result, TupleStrategy):
+            return _zip_tuple_strategy(result, num_outs)
+        return [_from_spec(s, num_outs) for s in result.strategies]
+
+    def _valid(
+        self,
+        strategies: Iterable[Strategy],
+        in_infos: Sequence[TensorInfo | None],
+        out_infos: Sequence[TensorInfo | None],
+    ) -> list[Strategy]:
+        kept = []
+        for s in strategies:
+            if len(s.ins) != len(in_infos):
+                continue
+            pairs = list(zip(s.outs, out_infos, strict=False)) + list(zip(s.ins, in_infos, strict=True))
+            if all(p is None or i is None or is_even(i.shape, p, self.mesh_shape) for p, i in pairs):
+                kept.append(s)
+        return kept
+
+
+def _flat_args(node: fx.Node) -> list[fx.Node]:
+    out: list[fx.Node] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, fx.Node):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+
+    for a in node.args:
+        visit(a)
+    for a in node.kwargs.values():
+        visit(a)
+    return out
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, fx.Node):
+        return fn(obj) if isinstance(obj.meta.get("val"), torch.Tensor) else obj.meta.get("val")
+    if isinstance(obj, tuple):
+        return tuple(_map_tensors(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [_map_tensors(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def _from_spec(spec: OpSpec, num_outs: int) -> Strategy:
+    out_specs = spec.output_specs
+    if isinstance(out_specs, DTensorSpec):
+        outs: tuple[Placements | None, ...] = (tuple(out_specs.placements),)
+    else:
+        outs = tuple(None if o is None else tuple(o.placements) for o in out_specs)
+    if num_outs > len(outs):
+        outs = outs + (outs[0],) * (num_outs - len(outs))
+    ins_specs = spec.input_specs
+    ins = tuple(tuple(s.placements) for s in ins_specs) if ins_specs is not None else (outs[0],)
+    return Strategy(outs=outs, ins=ins)
+
+
+def _zip_tuple_strategy(result: TupleStrategy, num_outs: int) -> list[Strategy]:
+    children = [c for c in result.children if isinstance(c, OpStrategy)]
+    lengths = {len(c.strategies) for c in children}
+    if len(children) != num_outs or len(lengths) != 1:
+        return []
+    out = []
+    for specs in zip(*(c.strategies for c in children), strict=True):
+        outs = tuple(tuple(s.output_spec.placements) for s in specs)
+        ins = tuple(tuple(x.placements) for x in specs[0].input_specs or ())
+        out.append(Strategy(outs=outs, ins=ins))
+    return out
+
+
+def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> Strategy:
+    rep = tuple(Replicate() for _ in mesh_shape)
+    return Strategy(outs=(rep,) * num_outs, ins=(rep,) * num_ins)
+
+
+def enumerate_strategies(traced: TracedGraph, mesh: DeviceMesh) -> StrategyTable:
+    """Candidate strategies for every node of ``traced`` on ``mesh``."""
+    return _Enumerator(traced, mesh).run()
