@@ -35,6 +35,9 @@ class PlanConfig:
     """Solver wall-clock limit; the best plan found so far is returned with status time_limit."""
     mip_gap: float = 0.0
     """Relative optimality gap at which the solver may stop."""
+    collapse_followers: bool = True
+    """Merge views and pointwise ops into the node they follow before solving
+    (see :mod:`autoplan.ilp.reduce`): a much smaller ILP for a small loss of optimality."""
     topology: Topology = field(default_factory=Topology)
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 

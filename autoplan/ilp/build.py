@@ -199,7 +199,7 @@ def build_ilp(
     ``allowed[v]`` masks node v's strategies (user placement constraints);
     missing nodes allow all.
     """
-    mask = {v: np.ones(len(c), dtype=bool) for v, c in costs.compute.items()}
+    mask = {v: np.isfinite(c) for v, c in costs.compute.items()}
     for v, a in (allowed or {}).items():
         mask[v] = mask[v] & np.asarray(a, dtype=bool)
     b = _Builder(costs, mask)

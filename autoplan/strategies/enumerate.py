@@ -86,6 +86,23 @@ FREE_OPS = frozenset(
 )
 
 
+MM_FAMILY = frozenset(
+    {
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.baddbmm.default,
+        aten._scaled_mm.default,
+    }
+)
+
+
+def _has_strided(s: Strategy) -> bool:
+    return any(
+        isinstance(p, _StridedShard) for ps in (*s.outs, *s.ins) if ps is not None for p in ps
+    )
+
+
 def _tensor_info(val: Any) -> TensorInfo | None:
     if not isinstance(val, torch.Tensor):
         return None
@@ -112,8 +129,9 @@ def _placeholder_candidates(info: TensorInfo, mesh_shape: Sequence[int]) -> list
 class _Enumerator:
     """Walks the graph once; owns the per-run lookups."""
 
-    def __init__(self, traced: TracedGraph, mesh: DeviceMesh) -> None:
+    def __init__(self, traced: TracedGraph, mesh: DeviceMesh, strided: bool) -> None:
         self.traced = traced
+        self.strided = strided
         self.mesh = mesh
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: dict[str, NodeStrategies] = {}
@@ -173,6 +191,8 @@ class _Enumerator:
         if fallback:
             self.fallback[str(node.target)] = None
         strategies = self._valid(strategies, in_infos, out_infos)
+        if not self._strided_ok(node):
+            strategies = [s for s in strategies if not _has_strided(s)]
         if not strategies:
             strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True
@@ -186,6 +206,7 @@ class _Enumerator:
             strategies=tuple(dict.fromkeys(strategies)),
             fallback=fallback,
             free=node.target in FREE_OPS,
+            pointwise=torch.Tag.pointwise in node.target.tags,
         )
 
     def _getitem(self, node: fx.Node) -> NodeStrategies:
@@ -223,21 +244,26 @@ class _Enumerator:
     ) -> tuple[list[Strategy], bool]:
         op = node.target
         if op is aten.einsum.default:
-            return self._expand(einsum_rules(node.args[0]), in_nodes, len(out_infos)), False
+            rules = einsum_rules(node.args[0])
+            return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
         args_meta = _map_tensors(node.args, lambda n: _meta(n.meta["val"]))
         kwargs_meta = _map_tensors(node.kwargs, lambda n: _meta(n.meta["val"]))
         rules = single_dim_rules(op, args_meta, kwargs_meta)
         if rules is not None:
-            return self._expand(rules, in_nodes, len(out_infos)), False
+            return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
         if has_op_strategy(op):
             return self._from_op_strategy(node, len(out_infos)), False
         return [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)], True
 
+    def _strided_ok(self, node: fx.Node) -> bool:
+        """_StridedShard only in native mode, on the views that make it and the mm family."""
+        return self.strided and (node.target in FREE_OPS or node.target in MM_FAMILY)
+
     def _expand(
-        self, rules: list[list[Any]], in_nodes: list[fx.Node], num_outs: int
+        self, rules: list[list[Any]], in_nodes: list[fx.Node], num_outs: int, strided: bool
     ) -> list[Strategy]:
         seen: set[Placement] = set()
-        for a in in_nodes:
+        for a in in_nodes if strided else ():
             for cand in self._candidates(a):
                 seen.update(p for p in cand if isinstance(p, _StridedShard))
         filled = [r for r in fill_placeholders(rules, seen) if all(map(_keep_placement, r))]
@@ -359,6 +385,14 @@ def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> St
     return Strategy(outs=(rep,) * num_outs, ins=(rep,) * num_ins)
 
 
-def enumerate_strategies(traced: TracedGraph, mesh: DeviceMesh) -> StrategyTable:
-    """Candidate strategies for every node of ``traced`` on ``mesh``."""
-    return _Enumerator(traced, mesh).run()
+def enumerate_strategies(
+    traced: TracedGraph, mesh: DeviceMesh, *, mm_mode: str = "einsum"
+) -> StrategyTable:
+    """Candidate strategies for every node of ``traced`` on ``mesh``.
+
+    ``_StridedShard`` placements are offered only with ``mm_mode="native"``,
+    on views (which produce them when flattening a dim sharded on two axes)
+    and on the mm family (which DTensor's single-dim rules expand with the
+    split factors seen on their inputs).
+    """
+    return _Enumerator(traced, mesh, strided=mm_mode == "native").run()

@@ -57,6 +57,7 @@ class NodeStrategies:
     strategies: tuple[Strategy, ...]
     fallback: bool = False
     free: bool = False  # a view/alias: no kernel time
+    pointwise: bool = False  # an elementwise op: output placement follows an input
 
 
 @dataclass(frozen=True)

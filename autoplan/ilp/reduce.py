@@ -1,0 +1,143 @@
+"""Stage 5a-pre, reduce: shrink the ILP by merging *follower* nodes into their producer.
+
+Input: a :class:`~autoplan.strategies.table.StrategyTable` and its
+:class:`~autoplan.cost.price.CostTable`. Output: a smaller CostTable plus the
+map that recovers every merged node's strategy from its root's.
+
+A follower is a node with one tensor input whose strategies can take *every*
+placement its producer can give unchanged (views, transposes, unary
+pointwise ops, getitem, dtype casts...), or a pointwise op with several
+inputs, which follows its largest input (as Alpa's auto-sharding does); its
+other inputs keep their edges, now ending at the root. For each producer strategy i the
+follower runs the cheapest strategy j whose input placement equals the
+producer's output placement: no redistribution at its input. Its compute is
+added to the producer's strategy i, and its outgoing edges leave from the
+producer, re-indexed through j(i). Chains collapse into one root.
+
+What it gives up: a plan that redistributes *before* a follower rather than
+after it. For views and elementwise ops both move the same bytes, so the
+price of that restriction is small; the brute-force tests bound it on small
+graphs. It removes most nodes of a transformer graph and their edge matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
+from autoplan.strategies.table import StrategyTable
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """The reduced costs, and for each merged node its root and strategy map."""
+
+    costs: CostTable
+    roots: dict[str, tuple[str, np.ndarray]]
+
+    @property
+    def num_merged(self) -> int:
+        return len(self.roots)
+
+    def expand(self, choice: dict[str, int]) -> dict[str, int]:
+        """Choices for every node, merged ones included."""
+        full = dict(choice)
+        for v, (root, mapping) in self.roots.items():
+            full[v] = int(mapping[choice[root]])
+        return full
+
+
+def _numel(e: EdgeCost) -> int:
+    return int(np.prod(e.tensor.shape)) if e.tensor is not None else 0
+
+
+def _follow_map(in_edge: EdgeCost, compute_v: np.ndarray, num_src: int) -> np.ndarray | None:
+    """j(i) for each producer strategy i, or None if some placement cannot pass through."""
+    zero_cols: dict[int, list[int]] = {}
+    for j, c in enumerate(in_edge.dst_group):
+        zero_cols.setdefault(int(c), []).append(j)
+    mapping = np.empty(num_src, dtype=np.int64)
+    for i in range(num_src):
+        src_p = in_edge.src_placements[in_edge.src_group[i]]
+        col = next((c for c, p in enumerate(in_edge.dst_placements) if p == src_p), None)
+        if col is None or in_edge.cost[in_edge.src_group[i], col] != 0.0:
+            return None
+        js = zero_cols[col]
+        mapping[i] = min(js, key=lambda j: compute_v[j])
+    return mapping
+
+
+def collapse_followers(
+    table: StrategyTable, costs: CostTable, *, keep: set[str] | None = None
+) -> Reduction:
+    """Merge follower nodes into their producers (see module docstring).
+
+    Nodes in ``keep`` (e.g. those with user constraints) are never merged.
+    """
+    keep = keep or set()
+    in_edges: dict[str, list[EdgeCost]] = {}
+    out_edges: dict[str, list[EdgeCost]] = {}
+    for e in costs.edges:
+        in_edges.setdefault(e.dst, []).append(e)
+        out_edges.setdefault(e.src, []).append(e)
+    compute = {v: c.copy() for v, c in costs.compute.items()}
+    # root[v] = (root name, map root strategy -> v strategy)
+    roots: dict[str, tuple[str, np.ndarray]] = {}
+
+    def resolve(u: str) -> tuple[str, np.ndarray]:
+        if u in roots:
+            return roots[u]
+        return u, np.arange(len(costs.compute[u]))
+
+    followed: dict[str, EdgeCost] = {}
+    for v, ns in table.nodes.items():
+        edges = [e for e in in_edges.get(v, []) if e.slot != GRAD_SLOT]
+        if ns.kind != "op" or v in keep or not edges or len(edges) != len(in_edges.get(v, [])):
+            continue
+        if len(edges) > 1 and not (ns.pointwise and len(ns.out_tensors) == 1):
+            continue
+        # follow the largest input: the tensor a redistribution would move most bytes of
+        e = max(edges, key=lambda x: (_numel(x), -x.slot))
+        u_map = _follow_map(e, compute[v], len(costs.compute[e.src]))
+        if u_map is None:
+            continue
+        root, to_u = resolve(e.src)
+        mapping = u_map[to_u]
+        compute[root] = compute[root] + compute[v][mapping]
+        roots[v] = (root, mapping)
+        followed[v] = e
+
+    kept_edges = []
+    for e in costs.edges:
+        if followed.get(e.dst) is e:
+            continue  # the edge a follower was merged through
+        src, dst = e.src, e.dst
+        src_group, dst_group = e.src_group, e.dst_group
+        if src in roots:
+            src, m = roots[src]
+            src_group = e.src_group[m]
+        if dst in roots:
+            dst, m = roots[dst]
+            dst_group = e.dst_group[m]
+        kept_edges.append(replace(e, src=src, dst=dst, src_group=src_group, dst_group=dst_group))
+    edges = tuple(_merge_self_edges(kept_edges, compute))
+    reduced = CostTable(
+        compute={v: c for v, c in compute.items() if v not in roots},
+        edges=edges,
+        memory=costs.memory,
+    )
+    return Reduction(reduced, roots)
+
+
+def _merge_self_edges(edges: list[EdgeCost], compute: dict[str, np.ndarray]) -> list[EdgeCost]:
+    """An edge whose both ends collapsed into one root is a per-strategy cost of that root."""
+    out = []
+    for e in edges:
+        if e.src != e.dst:
+            out.append(e)
+            continue
+        extra = e.cost[e.src_group, e.dst_group]
+        compute[e.src] = compute[e.src] + np.where(np.isfinite(extra), extra, np.inf)
+    return out

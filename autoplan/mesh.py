@@ -1,0 +1,36 @@
+"""Meshes for planning: a fake process group of any size on one CPU.
+
+Input: a mesh shape and axis names. Output: a ``DeviceMesh`` over a fake
+process group (backend ``"fake"``): collectives are no-ops, so a 512-rank
+mesh costs nothing, yet DTensor's sharding rules see a real mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from autoplan.strategies.dtensor import init_fake_process_group
+
+
+def fake_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
+    """A ``DeviceMesh`` of ``shape`` named ``names`` on a fake process group.
+
+    The fake group is (re)created with exactly ``prod(shape)`` ranks, so
+    calling this again with another shape works (earlier fake meshes then
+    become stale: plan with the latest one).
+    """
+    shape = tuple(shape)
+    names = tuple(names)
+    if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
+        raise ValueError(f"mesh shape {shape!r} must be a non-empty tuple of positive ints, e.g. (8, 8).")
+    if len(names) != len(shape):
+        raise ValueError(
+            f"mesh names {names!r} must give one name per axis of shape {shape!r}, e.g. ('dp', 'tp')."
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"mesh names {names!r} must be distinct.")
+    init_fake_process_group(math.prod(shape))
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)

@@ -1,0 +1,248 @@
+"""The pipeline in one call: trace -> rewrite -> strategies -> cost -> ILP -> Plan.
+
+Input: an ``nn.Module`` (meta device is fine), a function returning global
+example inputs, a ``DeviceMesh`` (``autoplan.fake_mesh`` for planning) and a
+:class:`~autoplan.config.PlanConfig`. Output: a :class:`~autoplan.plan.Plan`.
+Each stage is timed; a progress callback hears the start of each phase.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from autoplan.config import PlanConfig
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.price import CostTable, price
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.ilp.build import build_ilp
+from autoplan.ilp.reduce import collapse_followers
+from autoplan.ilp.solve import solve
+from autoplan.placements import Placements, fmt, parse
+from autoplan.plan import Plan
+from autoplan.rewrite import rewrite
+from autoplan.strategies.dtensor import DeviceMesh
+from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.strategies.table import StrategyTable
+from autoplan.trace import LossFn, TracedGraph, trace_joint
+
+Progress = Callable[[str], None]
+PlacementSpec = Sequence[Any] | str
+
+
+def _as_placements(spec: PlacementSpec, num_axes: int, what: str) -> Placements:
+    if isinstance(spec, str):
+        return parse(spec, num_axes)
+    placements = tuple(spec)
+    if len(placements) != num_axes:
+        raise ValueError(
+            f"{what} {fmt(placements)} has {len(placements)} entries; the mesh has {num_axes} axes."
+        )
+    return placements
+
+
+def _constrain(
+    table: StrategyTable,
+    names: Sequence[str],
+    specs: Sequence[PlacementSpec] | None,
+    what: str,
+) -> dict[str, np.ndarray]:
+    allowed: dict[str, np.ndarray] = {}
+    if specs is None:
+        return allowed
+    if len(specs) != len(names):
+        raise ValueError(
+            f"{what} lists {len(specs)} placements but the model has {len(names)}; give one per {what[:-11]}."
+        )
+    num_axes = len(table.mesh_shape)
+    for i, (name, spec) in enumerate(zip(names, specs, strict=True)):
+        if spec is None:
+            continue
+        want = _as_placements(spec, num_axes, f"{what}[{i}]")
+        ns = table.nodes[name]
+        mask = np.array([s.outs[0] == want for s in ns.strategies])
+        if not mask.any():
+            shape = ns.out_tensors[0].shape if ns.out_tensors[0] else "?"
+            raise ValueError(
+                f"{what}[{i}] = {fmt(want)} is not possible for a tensor of shape {shape} on mesh "
+                f"{table.mesh_shape}: a sharded dim must divide evenly by the mesh axes sharding it."
+            )
+        allowed[name] = mask
+    return allowed
+
+
+def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
+    total = 0.0
+    for p, mem in costs.memory.items():
+        ok = allowed.get(p, np.ones(len(mem), dtype=bool))
+        total += float(mem[ok].min())
+    return total
+
+
+def _timed(timings: dict[str, float], phase: str, progress: Progress | None) -> Callable[[], None]:
+    if progress is not None:
+        progress(phase)
+    start = time.perf_counter()
+
+    def done() -> None:
+        timings[phase] = time.perf_counter() - start
+
+    return done
+
+
+def plan(
+    model: nn.Module,
+    input_fn: Callable[[], Any],
+    mesh: DeviceMesh,
+    *,
+    config: PlanConfig | None = None,
+    input_placements: Sequence[PlacementSpec] | None = None,
+    output_placements: Sequence[PlacementSpec] | None = None,
+    loss_fn: LossFn | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """Find the cheapest sharding of ``model`` on ``mesh``.
+
+    ``input_placements`` fixes the placements of the model's inputs (one
+    entry per input; ``None`` leaves one free); ``output_placements`` fixes
+    the loss's placement (a list of one). Placements are tuples of DTensor
+    placements or short strings such as ``"S(0)R"``.
+    """
+    config = config or PlanConfig()
+    timings: dict[str, float] = {}
+    done = _timed(timings, "trace", progress)
+    traced = trace_joint(model, input_fn, loss_fn=loss_fn)
+    done()
+    done = _timed(timings, "rewrite", progress)
+    traced, _ = rewrite(traced, mm_mode=config.mm_mode)
+    done()
+    done = _timed(timings, "strategies", progress)
+    table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
+    done()
+    allowed = _constrain(table, traced.inputs, input_placements, "input_placements")
+    allowed |= _constrain(table, [traced.loss], output_placements, "output_placements")
+    done = _timed(timings, "cost", progress)
+    costs = price(table, traced, config.topology, optimizer_states=config.optimizer_states)
+    done()
+    base = _plan_fields(traced, table, config, timings)
+    budget = config.memory_budget_bytes
+    if budget is not None:
+        need = _min_memory(costs, allowed)
+        if need > budget:
+            return Plan(
+                status="infeasible",
+                objective_us=math.nan,
+                compute_us=math.nan,
+                comm_us=math.nan,
+                message=(
+                    f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the "
+                    f"smallest footprint any plan has on this mesh, {need / 2**30:.3f} GiB of "
+                    "parameters + gradients + optimizer state per device; raise the budget or "
+                    "use a larger mesh."
+                ),
+                **base,
+            )
+    done = _timed(timings, "ilp_build", progress)
+    keep = set(allowed)
+    reduction = collapse_followers(table, costs, keep=keep) if config.collapse_followers else None
+    ilp_costs = reduction.costs if reduction is not None else costs
+    model_ilp = build_ilp(ilp_costs, allowed=allowed, memory_budget_bytes=budget)
+    done()
+    done = _timed(timings, "solve", progress)
+    solution = solve(
+        model_ilp, solver=config.solver, time_limit_s=config.time_limit_s, mip_gap=config.mip_gap
+    )
+    done()
+    base["ilp_size"] = {"variables": model_ilp.num_variables, "constraints": model_ilp.num_constraints}
+    if solution.status == "infeasible":
+        return Plan(
+            status="infeasible",
+            objective_us=math.nan,
+            compute_us=math.nan,
+            comm_us=math.nan,
+            message="infeasible: the solver found no plan meeting the placement constraints "
+            "and memory_budget_gib together; relax one of them.",
+            **base,
+        )
+    choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
+    return _read_solution(traced, table, costs, config, choice, solution.status, base)
+
+
+def _plan_fields(
+    traced: TracedGraph, table: StrategyTable, config: PlanConfig, timings: dict[str, float]
+) -> dict[str, Any]:
+    shapes = {}
+    for fqn, pname in zip(traced.param_fqns, traced.params, strict=True):
+        info = table.nodes[pname].out_tensors[0]
+        shapes[fqn] = info.shape if info else ()
+    return {
+        "param_placements": {},
+        "node_placements": {},
+        "timings": timings,
+        "ilp_size": {"variables": 0, "constraints": 0},
+        "mesh_shape": table.mesh_shape,
+        "axis_names": table.axis_names,
+        "config": config.to_dict(),
+        "graph_nodes": traced.num_nodes,
+        "solver": config.solver,
+        "param_shapes": shapes,
+        "fallback_ops": table.fallback_ops,
+    }
+
+
+def _read_solution(
+    traced: TracedGraph,
+    table: StrategyTable,
+    costs: CostTable,
+    config: PlanConfig,
+    choice: dict[str, int],
+    status: str,
+    base: dict[str, Any],
+) -> Plan:
+    compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
+    redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
+    comm_us = 0.0
+    comm: dict[str, dict[str, float]] = {}
+    for e in costs.edges:
+        r = e.src_group[choice[e.src]]
+        c = e.dst_group[choice[e.dst]]
+        us = float(e.cost[r, c])
+        comm_us += us
+        if us == 0.0 or e.tensor is None:
+            continue
+        for kind, _axes, nbytes, t in redist.steps(
+            e.src_placements[r], e.dst_placements[c], e.tensor.shape, e.tensor.dtype_bytes
+        ) or []:
+            entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
+            entry["count"] += 1
+            entry["bytes"] += nbytes
+            entry["us"] += t
+    node_placements: dict[str, dict[str, Any]] = {}
+    for v, i in choice.items():
+        ns = table.nodes[v]
+        s = ns.strategies[i]
+        node_placements[v] = {
+            "op": ns.op,
+            "out": [fmt(p) for p in s.outs],
+            "in": [fmt(p) for p in s.ins],
+        }
+    params = {
+        fqn: table.nodes[pname].strategies[choice[pname]].outs[0]
+        for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
+    }
+    memory = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
+    base = base | {"param_placements": params, "node_placements": node_placements}
+    return Plan(
+        status=status,
+        objective_us=compute_us + comm_us,
+        compute_us=compute_us,
+        comm_us=comm_us,
+        comm=comm,
+        memory_bytes=memory,
+        **base,
+    )
