@@ -47,7 +47,7 @@ def fmt(placements: Sequence[Placement] | None) -> str:
     return "".join(short(p) for p in placements)
 
 
-_TOKEN = re.compile(r"\s*(_S\(\s*(\d+)\s*,\s*(\d+)\s*\)|S\(\s*(\d+)\s*\)|R|P)\s*")
+_TOKEN = re.compile(r"[\s,]*(_S\(\s*(\d+)\s*,\s*(\d+)\s*\)|S\(\s*(\d+)\s*\)|R|P)[\s,]*")
 
 
 def parse(text: str, num_axes: int | None = None) -> Placements:
@@ -56,9 +56,9 @@ def parse(text: str, num_axes: int | None = None) -> Placements:
     Raises ValueError naming the text and the allowed forms.
     """
     pos, out = 0, []
-    cleaned = text.replace(",", " ")
+    cleaned = text
     while pos < len(cleaned):
-        if cleaned[pos:].strip() == "":
+        if cleaned[pos:].strip(" ,\t") == "":
             break
         m = _TOKEN.match(cleaned, pos)
         if m is None:

@@ -50,6 +50,7 @@ class Plan:
     solver: str = "cbc"
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     fallback_ops: tuple[str, ...] = ()
+    stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -114,7 +115,7 @@ class Plan:
             f"estimated step: {self.objective_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f} ms"
             f" + comm {self.comm_us / 1e3:.2f} ms"
         )
-        lines.append(f"memory per device (params+grads+optimizer): {self.memory_bytes / 2**30:.2f} GiB")
+        lines.append(f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}")
         if self.comm:
             lines.append("collectives:")
             for kind, c in sorted(self.comm.items(), key=lambda kv: -kv[1]["us"]):
@@ -128,6 +129,13 @@ class Plan:
         if self.fallback_ops:
             lines.append("replicated (no sharding rule): " + ", ".join(self.fallback_ops))
         return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def param_kind(fqn: str) -> str:

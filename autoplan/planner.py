@@ -27,11 +27,12 @@ from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import DeviceMesh
-from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.strategies.enumerate import has_strided, enumerate_strategies
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import LossFn, TracedGraph, trace_joint
 
 Progress = Callable[[str], None]
+MM_LIKE = ("aten.einsum", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_mm")
 PlacementSpec = Sequence[Any] | str
 
 
@@ -195,6 +196,25 @@ def _plan_fields(
     }
 
 
+def _stats(table: StrategyTable, choice: dict[str, int]) -> dict[str, float]:
+    """Strategies per mm-like node and how many chosen strategies use _StridedShard."""
+    mm_like = [
+        len(ns.strategies)
+        for ns in table.nodes.values()
+        if ns.op.split(".")[0] in MM_LIKE
+    ]
+    strided = sum(
+        1 for v, i in choice.items() if has_strided(table.nodes[v].strategies[i])
+    )
+    return {
+        "mm_nodes": float(len(mm_like)),
+        "mm_strategies_mean": float(np.mean(mm_like)) if mm_like else 0.0,
+        "mm_strategies_max": float(max(mm_like)) if mm_like else 0.0,
+        "strided_shard_chosen": float(strided),
+        "strategies_total": float(table.num_strategies),
+    }
+
+
 def _read_solution(
     traced: TracedGraph,
     table: StrategyTable,
@@ -236,7 +256,11 @@ def _read_solution(
         for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
     }
     memory = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
-    base = base | {"param_placements": params, "node_placements": node_placements}
+    base = base | {
+        "param_placements": params,
+        "node_placements": node_placements,
+        "stats": _stats(table, choice),
+    }
     return Plan(
         status=status,
         objective_us=compute_us + comm_us,

@@ -50,6 +50,7 @@ class IlpModel:
     fixed_cost: float
     num_variables: int
     num_constraints: int
+    infeasible: str = ""
 
 
 class _Builder:
@@ -63,6 +64,7 @@ class _Builder:
         self.fixed = 0.0
         self.num_vars = 0
         self.num_cons = 0
+        self.infeasible = ""
 
     def single(self, v: str) -> int | None:
         """Index of v's only allowed strategy, or None when v has a choice."""
@@ -77,7 +79,9 @@ class _Builder:
                 self.vars[v] = [None] * len(ok)
                 continue
             names = [
-                pulp.LpVariable(f"s_{len(self.vars)}_{i}", cat=pulp.LpBinary) if ok[i] else None
+                self.problem.add_variable(f"s_{len(self.vars)}_{i}", 0, 1, cat=pulp.LpBinary)
+                if ok[i]
+                else None
                 for i in range(len(ok))
             ]
             self.vars[v] = names
@@ -143,7 +147,7 @@ class _Builder:
             for c in range(cols):
                 cost = edge.cost[r, c]
                 if math.isfinite(cost):
-                    x = pulp.LpVariable(f"e_{k}_{r}_{c}", lowBound=0, upBound=1)
+                    x = self.problem.add_variable(f"e_{k}_{r}_{c}", 0, 1)
                     k += 1
                     e_vars[(r, c)] = x
                     if cost:
@@ -174,6 +178,10 @@ class _Builder:
                 budget_bytes -= float(mem[only])
                 continue
             terms.extend((x, float(mem[i])) for i, x in enumerate(self.vars[p]) if x is not None)
+        if not terms:
+            if budget_bytes < 0:
+                self.infeasible = "memory_budget: the forced placements alone exceed the budget"
+            return
         self.problem += pulp.LpAffineExpression(terms) <= budget_bytes, "memory_budget"
         self.num_cons += 1
 
@@ -206,4 +214,6 @@ def build_ilp(
     b.add_edges()
     b.add_memory(memory_budget_bytes)
     b.set_objective()
-    return IlpModel(b.problem, b.vars, b.allowed, b.fixed, b.num_vars, b.num_cons)
+    return IlpModel(
+        b.problem, b.vars, b.allowed, b.fixed, b.num_vars, b.num_cons, infeasible=b.infeasible
+    )

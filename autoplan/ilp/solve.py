@@ -31,9 +31,20 @@ class Solution:
     solver: str
 
 
+def _cbc_path() -> str:
+    """The CBC binary: PuLP's bundled one, or one on PATH."""
+    import os
+    import shutil
+
+    bundled = os.path.join(os.path.dirname(pulp.__file__), "solverdir", "cbc", "linux", "i64", "cbc")
+    return bundled if os.path.exists(bundled) else (shutil.which("cbc") or "cbc")
+
+
 def _make_solver(name: str, time_limit_s: float | None, mip_gap: float) -> pulp.LpSolver:
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
+        return pulp.COIN_CMD(
+            path=_cbc_path(), msg=False, timeLimit=time_limit_s, gapRel=mip_gap
+        )
     if name == "highs":
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
         if not solver.available():
@@ -54,6 +65,8 @@ def solve(
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable."""
     start = time.perf_counter()
+    if model.infeasible:
+        return Solution("infeasible", float("nan"), {}, 0.0, solver)
     has_vars = any(x is not None for xs in model.choice_vars.values() for x in xs)
     if has_vars:
         code = model.problem.solve(_make_solver(solver, time_limit_s, mip_gap))

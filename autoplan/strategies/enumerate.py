@@ -97,7 +97,7 @@ MM_FAMILY = frozenset(
 )
 
 
-def _has_strided(s: Strategy) -> bool:
+def has_strided(s: Strategy) -> bool:
     return any(
         isinstance(p, _StridedShard) for ps in (*s.outs, *s.ins) if ps is not None for p in ps
     )
@@ -192,7 +192,7 @@ class _Enumerator:
             self.fallback[str(node.target)] = None
         strategies = self._valid(strategies, in_infos, out_infos)
         if not self._strided_ok(node):
-            strategies = [s for s in strategies if not _has_strided(s)]
+            strategies = [s for s in strategies if not has_strided(s)]
         if not strategies:
             strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True

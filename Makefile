@@ -1,0 +1,29 @@
+# Two entry points (README first screen): `make plan` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: plan test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,highs]'
+	@touch $(STAMP)
+
+plan: $(STAMP)
+	$(VENV)/bin/autoplan plan configs/llama3_8b_2l.yaml
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check autoplan tests scripts examples
+	$(VENV)/bin/ruff format --check autoplan tests scripts examples
+
+test: lint
+	$(VENV)/bin/pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

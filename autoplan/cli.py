@@ -1,0 +1,130 @@
+"""The ``autoplan`` command: plan, compare and price collectives from a terminal.
+
+Input: argv. Output: text (or JSON) on stdout; exit code 0 success, 1 no plan
+could be made (infeasible), 2 bad input.
+
+    autoplan plan CONFIG.yaml [--out plan.json] [--json] [--quiet] [--mm-mode M] [--set k=v]
+    autoplan compare CONFIG.yaml [--json] [--set k=v]
+    autoplan collectives [--topology FILE|preset] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from autoplan.compare import compare, format_compare
+from autoplan.cost.collectives import collective_table
+from autoplan.cost.topology import Topology
+from autoplan.mesh import fake_mesh
+from autoplan.plan import Plan
+from autoplan.planner import plan
+from autoplan.runfile import Run, RunFileError, load_run
+
+
+def _progress(quiet: bool) -> object:
+    if quiet:
+        return None
+
+    def say(phase: str) -> None:
+        print(f"[autoplan] {phase} ...", file=sys.stderr, flush=True)
+
+    return say
+
+
+def run_plan(run: Run, *, quiet: bool = False) -> Plan:
+    """Plan one run file's model on its (fake) mesh."""
+    mesh = fake_mesh(run.mesh_shape, run.axis_names)
+    return plan(
+        run.build_model(),
+        run.input_fn(),
+        mesh,
+        config=run.config,
+        input_placements=list(run.input_placements) or None,
+        progress=_progress(quiet),  # type: ignore[arg-type]
+    )
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    run = load_run(args.config, args.set)
+    if args.mm_mode:
+        run = dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=args.mm_mode))
+    result = run_plan(run, quiet=args.quiet or args.json)
+    if args.out:
+        result.save(args.out)
+    print(result.to_json() if args.json else result.summary())
+    if args.out and not args.json:
+        print(f"plan written to {args.out}")
+    return 1 if result.status == "infeasible" else 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    run = load_run(args.config, args.set)
+    result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json))
+    print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
+    statuses = [result[m]["status"] for m in ("einsum", "native")]
+    return 1 if "infeasible" in statuses else 0
+
+
+def _cmd_collectives(args: argparse.Namespace) -> int:
+    topo_arg = args.topology
+    if topo_arg.endswith((".yaml", ".yml")):
+        import yaml
+
+        with open(topo_arg) as f:
+            topology = Topology.from_dict(yaml.safe_load(f), source=topo_arg)
+    else:
+        topology = Topology.preset(topo_arg)
+    rows = collective_table(topology)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'op':<15}{'ranks':>6}{'nodes':>6}{'bytes':>14}{'time_us':>12}{'busbw_GBps':>12}")
+    for r in rows:
+        print(
+            f"{r['op']:<15}{r['ranks']:>6}{r['nodes']:>6}{r['bytes']:>14}"
+            f"{r['time_us']:>12.1f}{r['busbw_GBps']:>12.1f}"
+        )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autoplan", description="ILP auto-parallel planner for PyTorch.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("plan", help="plan a run file and print the plan")
+    pp.add_argument("config")
+    pp.add_argument("--out", help="write the plan JSON here")
+    pp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pp.add_argument("--quiet", action="store_true", help="no progress lines")
+    pp.add_argument("--mm-mode", choices=("einsum", "native"), help="override plan.mm_mode")
+    pp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pp.set_defaults(func=_cmd_plan)
+    pc = sub.add_parser("compare", help="plan in both mm modes and compare side by side")
+    pc.add_argument("config")
+    pc.add_argument("--json", action="store_true")
+    pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pc.set_defaults(func=_cmd_compare)
+    pk = sub.add_parser("collectives", help="predicted collective times and bus bandwidth")
+    pk.add_argument("--topology", default="h100", help="preset name or topology YAML")
+    pk.add_argument("--json", action="store_true")
+    pk.set_defaults(func=_cmd_collectives)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RunFileError as exc:
+        print(f"autoplan: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"autoplan: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""YAML planning runs: a run file -> model, inputs, mesh and PlanConfig.
+
+Input: a YAML path (and ``--set key.path=value`` overrides). Output: a
+frozen :class:`Run`. Every mistake raises :class:`RunFileError` naming the
+file, the key, the value and what is allowed; never a traceback from inside.
+
+Schema::
+
+    model:    {name: llama3 | mlp, args: {...ModelArgs / TinyMLP fields}}
+    inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
+    mesh:     {shape: [8, 8], names: [dp, tp]}
+    plan:     {mm_mode, memory_budget_gib, solver, time_limit_s, mip_gap,
+               optimizer_states, collapse_followers}
+    topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from autoplan.config import PlanConfig
+from autoplan.cost.topology import Topology
+from autoplan.models.llama3 import ModelArgs, Transformer
+from autoplan.models.mlp import TinyMLP
+from autoplan.placements import Placements, parse
+
+SECTIONS = {"model", "inputs", "mesh", "plan", "topology"}
+MODELS = ("llama3", "mlp")
+
+
+class RunFileError(ValueError):
+    """A run file that cannot be used; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything a planning run needs, read from one file."""
+
+    source: str
+    model_name: str
+    model_args: dict[str, Any]
+    batch: int
+    seq: int
+    input_placements: tuple[Placements, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    config: PlanConfig
+
+    def build_model(self) -> nn.Module:
+        """The model on the meta device (no memory)."""
+        with torch.device("meta"):
+            if self.model_name == "llama3":
+                return Transformer(ModelArgs(**self.model_args))
+            return TinyMLP(**self.model_args)
+
+    def input_fn(self) -> Callable[[], torch.Tensor]:
+        if self.model_name == "llama3":
+            vocab = ModelArgs(**self.model_args).vocab_size
+            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
+        dim = self.model_args.get("dim", 64)
+        return lambda: torch.randn(self.batch, self.seq, dim)
+
+
+def _err(source: str, key: str, value: Any, allowed: str) -> RunFileError:
+    return RunFileError(f"{source}: {key} = {value!r} is not valid; {allowed}")
+
+
+def _section(raw: dict[str, Any], name: str, source: str, keys: Sequence[str]) -> dict[str, Any]:
+    sec = raw.get(name, {})
+    if sec is None:
+        sec = {}
+    if not isinstance(sec, dict):
+        raise _err(source, name, sec, "expected a mapping")
+    unknown = set(sec) - set(keys)
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise RunFileError(
+            f"{source}: unknown key {name}.{bad}; allowed keys in {name}: {', '.join(keys)}"
+        )
+    return sec
+
+
+def _int(source: str, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _err(source, key, value, f"expected an integer >= {minimum}")
+    return value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) -> dict[str, Any]:
+    """``model.args.n_layers=4`` sets that key (value parsed as YAML)."""
+    for item in overrides:
+        if "=" not in item:
+            raise RunFileError(f"--set {item!r}: write key.path=value, e.g. model.args.n_layers=4")
+        path, text = item.split("=", 1)
+        keys = path.strip().split(".")
+        node = raw
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise RunFileError(f"--set {item!r}: {k} in {source} is not a mapping")
+            node = nxt
+        node[keys[-1]] = yaml.safe_load(text)
+    return raw
+
+
+def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
+    """Read and validate a run file."""
+    source = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise RunFileError(f"{source}: no such run file") from exc
+    except yaml.YAMLError as exc:
+        raise RunFileError(f"{source}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise RunFileError(f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}")
+    unknown = set(raw) - SECTIONS
+    if unknown:
+        raise RunFileError(
+            f"{source}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(SECTIONS))}"
+        )
+    raw = apply_overrides(raw, overrides, source)
+    return _parse(raw, source)
+
+
+def _parse(raw: dict[str, Any], source: str) -> Run:
+    model = _section(raw, "model", source, ("name", "args"))
+    name = model.get("name", "llama3")
+    if name not in MODELS:
+        raise _err(source, "model.name", name, f"allowed: {', '.join(MODELS)}")
+    args = model.get("args", {}) or {}
+    if not isinstance(args, dict):
+        raise _err(source, "model.args", args, "expected a mapping of model arguments")
+    allowed = (
+        [f.name for f in dataclasses.fields(ModelArgs)]
+        if name == "llama3"
+        else ["dim", "hidden", "n_layers"]
+    )
+    for k in args:
+        if k not in allowed:
+            raise RunFileError(f"{source}: unknown key model.args.{k}; allowed: {', '.join(allowed)}")
+    try:
+        with torch.device("meta"):
+            ModelArgs(**args) if name == "llama3" else TinyMLP(**args)
+    except (TypeError, ValueError) as exc:
+        raise RunFileError(f"{source}: model.args: {exc}") from exc
+
+    mesh = _section(raw, "mesh", source, ("shape", "names"))
+    shape = mesh.get("shape")
+    if not isinstance(shape, list) or not shape:
+        raise _err(source, "mesh.shape", shape, "expected a list of axis sizes, e.g. [8, 8]")
+    shape_t = tuple(_int(source, "mesh.shape", s) for s in shape)
+    names = mesh.get("names")
+    if not isinstance(names, list) or len(names) != len(shape_t) or not all(isinstance(n, str) for n in names):
+        raise _err(
+            source, "mesh.names", names, f"expected {len(shape_t)} axis names, e.g. [dp, tp]"
+        )
+    if len(set(names)) != len(names):
+        raise _err(source, "mesh.names", names, "axis names must be distinct")
+
+    inputs = _section(raw, "inputs", source, ("batch", "seq", "placements"))
+    batch = _int(source, "inputs.batch", inputs.get("batch", 8))
+    seq = _int(source, "inputs.seq", inputs.get("seq", 32))
+    specs = inputs.get("placements")
+    placements: tuple[Placements, ...] = ()
+    if specs is not None:
+        if not isinstance(specs, list):
+            raise _err(source, "inputs.placements", specs, 'expected a list such as ["S(0)R"]')
+        try:
+            placements = tuple(parse(str(s), len(shape_t)) for s in specs)
+        except ValueError as exc:
+            raise RunFileError(f"{source}: inputs.placements: {exc}") from exc
+
+    topology = _topology(raw.get("topology"), source)
+    plan = _section(raw, "plan", source, [f.name for f in dataclasses.fields(PlanConfig) if f.name != "topology"])
+    try:
+        config = PlanConfig(**plan, topology=topology)
+    except (TypeError, ValueError) as exc:
+        raise RunFileError(f"{source}: plan: {exc}") from exc
+    return Run(source, name, args, batch, seq, placements, shape_t, tuple(names), config)
+
+
+def _topology(value: Any, source: str) -> Topology:
+    if value is None:
+        return Topology()
+    try:
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+            path = Path(value)
+            if not path.is_absolute() and not path.exists():
+                path = Path(source).parent / value
+            return Topology.from_dict(yaml.safe_load(path.read_text()), source=str(path))
+        if isinstance(value, str):
+            return Topology.preset(value)
+        if isinstance(value, dict):
+            return Topology.from_dict(value, source=source)
+    except (OSError, ValueError) as exc:
+        raise RunFileError(f"{source}: topology: {exc}") from exc
+    raise _err(source, "topology", value, "expected a preset name, a mapping or a .yaml path")

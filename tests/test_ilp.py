@@ -1,0 +1,436 @@
+"""Tests for autoplan.ilp: build_ilp + solve against brute force on tiny random graphs.
+
+Every random case is small enough (at most 4**6 strategy combinations) to
+enumerate, so the ILP's optimum is checked exactly, not bounded.
+"""
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
+from autoplan.ilp.build import build_ilp
+from autoplan.ilp.reduce import collapse_followers
+from autoplan.ilp.solve import solve
+from autoplan.strategies.dtensor import Replicate, Shard
+from autoplan.strategies.table import (
+    InputRef,
+    NodeStrategies,
+    Strategy,
+    StrategyTable,
+    TensorInfo,
+)
+
+SEEDS = range(30)
+APPROX = {"rel": 1e-6, "abs": 1e-6}
+
+
+# ---------------------------------------------------------------- random problems
+
+
+def _edge(rng: np.random.Generator, u: str, v: str, slot: int, n_u: int, n_v: int) -> EdgeCost:
+    """A random edge: random placement groups on both sides, ~20% impossible moves."""
+    rows, cols = int(rng.integers(1, n_u + 1)), int(rng.integers(1, n_v + 1))
+    cost = rng.uniform(0.0, 10.0, size=(rows, cols))
+    cost[rng.random((rows, cols)) < 0.1] = 0.0
+    cost[rng.random((rows, cols)) < 0.2] = np.inf
+    return EdgeCost(
+        src=u,
+        src_out=0,
+        dst=v,
+        slot=slot,
+        src_group=rng.integers(0, rows, size=n_u),
+        dst_group=rng.integers(0, cols, size=n_v),
+        cost=cost,
+    )
+
+
+def _random_costs(seed: int, *, grad_edges: bool = False, memory: bool = False) -> CostTable:
+    """A random DAG of 2..6 nodes with 1..4 strategies each (optionally gradients, memory)."""
+    rng = np.random.default_rng(seed)
+    names = [f"n{k}" for k in range(int(rng.integers(2, 7)))]
+    sizes = {v: int(rng.integers(1, 5)) for v in names}
+    compute = {v: rng.uniform(0.0, 20.0, size=sizes[v]) for v in names}
+    edges: list[EdgeCost] = []
+    for b, v in enumerate(names):
+        slot = 0
+        for u in names[:b]:
+            if rng.random() < 0.5:
+                edges.append(_edge(rng, u, v, slot, sizes[u], sizes[v]))
+                slot += 1
+    if grad_edges:
+        # a later node's "gradient" flows back to an earlier "parameter"; n0 always gets one
+        for a, p in enumerate(names[:-1]):
+            if a == 0 or rng.random() < 0.6:
+                g = names[int(rng.integers(a + 1, len(names)))]
+                edges.append(_edge(rng, g, p, GRAD_SLOT, sizes[g], sizes[p]))
+    mem: dict[str, np.ndarray] = {}
+    if memory:
+        params = [v for v in names if rng.random() < 0.6] or names[:1]
+        mem = {p: rng.integers(1, 100, size=sizes[p]).astype(np.float64) for p in params}
+    return CostTable(compute=compute, edges=tuple(edges), memory=mem)
+
+
+# ---------------------------------------------------------------- brute force
+
+
+def _total(costs: CostTable, choice: Mapping[str, int]) -> float:
+    """Step time of ``choice`` by the ILP's objective, inf when a move is impossible."""
+    total = sum(float(costs.compute[v][i]) for v, i in choice.items())
+    for e in costs.edges:
+        total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
+    return total
+
+
+def _memory(costs: CostTable, choice: Mapping[str, int]) -> float:
+    """Bytes per device of ``choice``: the memory constraint's left-hand side."""
+    return sum(float(m[choice[p]]) for p, m in costs.memory.items())
+
+
+def _combos(
+    costs: CostTable, allowed: Mapping[str, np.ndarray] | None = None
+) -> list[dict[str, int]]:
+    """Every combination of allowed strategies, one dict per plan."""
+    names = list(costs.compute)
+    ranges = [
+        np.flatnonzero((allowed or {}).get(v, np.ones(len(costs.compute[v]), dtype=bool)))
+        for v in names
+    ]
+    return [dict(zip(names, map(int, c), strict=True)) for c in itertools.product(*ranges)]
+
+
+def _brute_force(
+    costs: CostTable,
+    *,
+    allowed: Mapping[str, np.ndarray] | None = None,
+    budget: float | None = None,
+) -> float:
+    """Minimum of ``_total`` over every allowed combination within the budget (inf if none)."""
+    best = math.inf
+    for choice in _combos(costs, allowed):
+        if budget is not None and _memory(costs, choice) > budget:
+            continue
+        best = min(best, _total(costs, choice))
+    return best
+
+
+def _check_against_brute_force(
+    costs: CostTable,
+    *,
+    allowed: Mapping[str, np.ndarray] | None = None,
+    budget: float | None = None,
+) -> str:
+    """Solve with CBC and compare with brute force; returns how the case ended."""
+    best = _brute_force(costs, allowed=allowed, budget=budget)
+    if not math.isfinite(best):
+        try:
+            model = build_ilp(costs, allowed=allowed, memory_budget_bytes=budget)
+        except ValueError:
+            return "build_error"
+        assert solve(model, solver="cbc").status == "infeasible"
+        return "infeasible"
+    sol = solve(build_ilp(costs, allowed=allowed, memory_budget_bytes=budget), solver="cbc")
+    assert sol.status == "optimal"
+    assert sol.objective_us == pytest.approx(best, **APPROX)
+    assert set(sol.choice) == set(costs.compute)
+    for v, i in (allowed or {}).items():
+        assert i[sol.choice[v]], f"{v} got strategy {sol.choice[v]} outside its mask"
+    assert _total(costs, sol.choice) == pytest.approx(sol.objective_us, **APPROX)
+    if budget is not None:
+        assert _memory(costs, sol.choice) <= budget
+    return "optimal"
+
+
+FEASIBLE_MEMORY_SEEDS = [
+    s for s in SEEDS if math.isfinite(_brute_force(_random_costs(s, memory=True)))
+][:10]
+
+
+# ---------------------------------------------------------------- build_ilp + solve
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_dag_matches_brute_force(seed):
+    """On a random DAG the ILP optimum and its choice's cost equal brute force."""
+    _check_against_brute_force(_random_costs(seed))
+
+
+def test_random_cases_cover_feasible_and_infeasible():
+    """The random seeds exercise both outcomes, so the brute-force check is not vacuous."""
+    best = [_brute_force(_random_costs(seed)) for seed in SEEDS]
+    assert any(math.isfinite(b) for b in best)
+    assert any(not math.isfinite(b) for b in best)
+
+
+def test_all_impossible_moves_between_free_nodes_is_solver_infeasible():
+    """With choices on both sides and every move impossible, the solver says infeasible."""
+    edge = EdgeCost("a", 0, "b", 0, np.array([0, 1]), np.array([0, 1]), np.full((2, 2), np.inf))
+    costs = CostTable(compute={"a": np.ones(2), "b": np.ones(2)}, edges=(edge,), memory={})
+    assert solve(build_ilp(costs), solver="cbc").status == "infeasible"
+
+
+def test_impossible_move_between_fixed_nodes_raises():
+    """With one strategy on each side and an impossible move, build_ilp raises naming the edge."""
+    edge = EdgeCost("a", 0, "b", 0, np.array([0]), np.array([0]), np.array([[np.inf]]))
+    costs = CostTable(compute={"a": np.ones(1), "b": np.ones(1)}, edges=(edge,), memory={})
+    with pytest.raises(ValueError, match=r"edge a -> b"):
+        build_ilp(costs)
+
+
+def test_impossible_moves_from_fixed_node_remove_strategies():
+    """A fixed producer's impossible moves remove those consumer strategies; the rest stay."""
+    edge = EdgeCost("a", 0, "b", 0, np.array([0]), np.array([0, 1, 1]), np.array([[np.inf, 5.0]]))
+    costs = CostTable(
+        compute={"a": np.ones(1), "b": np.array([0.0, 3.0, 1.0])}, edges=(edge,), memory={}
+    )
+    sol = solve(build_ilp(costs), solver="cbc")
+    assert sol.choice == {"a": 0, "b": 2}
+    assert sol.objective_us == pytest.approx(1.0 + 1.0 + 5.0, **APPROX)
+
+
+def test_node_with_only_infinite_compute_raises():
+    """A node none of whose strategies can run is rejected by name."""
+    costs = CostTable(compute={"a": np.array([np.inf, np.inf])}, edges=(), memory={})
+    with pytest.raises(ValueError, match=r"node a has no allowed strategy"):
+        build_ilp(costs)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_memory_budget_matches_brute_force(seed):
+    """Under a memory budget between the smallest and largest footprint, ILP equals brute force."""
+    costs = _random_costs(seed, memory=True)
+    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    budget = footprints[len(footprints) // 2]
+    _check_against_brute_force(costs, budget=budget)
+
+
+@pytest.mark.parametrize("seed", FEASIBLE_MEMORY_SEEDS)
+def test_memory_budget_below_minimum_is_infeasible(seed):
+    """A budget below every plan's footprint makes an otherwise feasible solve infeasible."""
+    costs = _random_costs(seed, memory=True)
+    smallest = sum(float(m.min()) for m in costs.memory.values())
+    assert solve(build_ilp(costs, memory_budget_bytes=smallest - 1), solver="cbc").status == (
+        "infeasible"
+    )
+
+
+def test_memory_budget_binds():
+    """The cheapest strategy is refused when it does not fit; the fitting one is chosen."""
+    costs = CostTable(
+        compute={"p": np.array([1.0, 5.0]), "q": np.array([1.0, 2.0])},
+        edges=(),
+        memory={"p": np.array([100.0, 10.0]), "q": np.array([10.0, 10.0])},
+    )
+    sol = solve(build_ilp(costs, memory_budget_bytes=50.0), solver="cbc")
+    assert (sol.status, sol.choice) == ("optimal", {"p": 1, "q": 0})
+    assert sol.objective_us == pytest.approx(6.0, **APPROX)
+
+
+FIXED_OVER_BUDGET = {
+    # p and q have one strategy each: the model has no variable at all
+    "all_fixed": CostTable(
+        compute={"p": np.array([1.0]), "q": np.array([1.0])},
+        edges=(),
+        memory={"p": np.array([100.0]), "q": np.array([10.0])},
+    ),
+    # q has two strategies, but p's only placement cannot reach q's second one
+    "fixed_by_fold": CostTable(
+        compute={"p": np.array([1.0]), "q": np.array([1.0, 2.0])},
+        edges=(
+            EdgeCost("p", 0, "q", 0, np.array([0]), np.array([0, 1]), np.array([[0.0, np.inf]])),
+        ),
+        memory={"p": np.array([100.0]), "q": np.array([10.0, 10.0])},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FIXED_OVER_BUDGET))
+def test_memory_budget_below_fixed_nodes_footprint_is_infeasible(case):
+    """Single-strategy nodes that alone exceed the budget give ValueError or 'infeasible'."""
+    try:
+        model = build_ilp(FIXED_OVER_BUDGET[case], memory_budget_bytes=50.0)
+    except ValueError as err:
+        assert "memory" in str(err)
+        return
+    assert solve(model, solver="cbc").status == "infeasible"
+
+
+def test_memory_budget_below_fixed_footprint_with_free_node_is_infeasible():
+    """Fixed nodes over budget next to a node with a choice: the solver reports infeasible."""
+    costs = CostTable(
+        compute={"p": np.array([1.0]), "q": np.array([1.0, 2.0])},
+        edges=(),
+        memory={"p": np.array([100.0]), "q": np.array([10.0, 10.0])},
+    )
+    assert solve(build_ilp(costs, memory_budget_bytes=50.0), solver="cbc").status == "infeasible"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_allowed_single_strategy_is_chosen(seed):
+    """A node restricted to one strategy gets it, and the optimum equals brute force."""
+    costs = _random_costs(seed)
+    rng = np.random.default_rng(1000 + seed)
+    names = list(costs.compute)
+    v = names[int(rng.integers(len(names)))]
+    k = int(rng.integers(len(costs.compute[v])))
+    mask = np.zeros(len(costs.compute[v]), dtype=bool)
+    mask[k] = True
+    allowed = {v: mask}
+    if _check_against_brute_force(costs, allowed=allowed) == "optimal":
+        assert solve(build_ilp(costs, allowed=allowed), solver="cbc").choice[v] == k
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_allowed_masks_match_brute_force(seed):
+    """Random masks on every node (each keeping >= 1 strategy) give the brute-force optimum."""
+    costs = _random_costs(seed)
+    rng = np.random.default_rng(2000 + seed)
+    allowed = {}
+    for v, c in costs.compute.items():
+        mask = rng.random(len(c)) < 0.6
+        mask[int(rng.integers(len(c)))] = True
+        allowed[v] = mask
+    _check_against_brute_force(costs, allowed=allowed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gradient_edges_match_brute_force(seed):
+    """Gradient edges (slot -1) from later to earlier nodes are plain pairwise costs."""
+    costs = _random_costs(seed, grad_edges=True)
+    assert any(e.slot == GRAD_SLOT for e in costs.edges)
+    _check_against_brute_force(costs)
+
+
+def test_two_cycle_of_edges_matches_brute_force():
+    """A forward edge and a gradient edge between the same two nodes both count."""
+    fwd = EdgeCost(
+        "p", 0, "g", 0, np.array([0, 1]), np.array([0, 1]), np.array([[0.0, 4.0], [4.0, 0.0]])
+    )
+    grad = EdgeCost(
+        "g",
+        0,
+        "p",
+        GRAD_SLOT,
+        np.array([0, 1]),
+        np.array([0, 1]),
+        np.array([[0.0, 9.0], [1.0, 0.0]]),
+    )
+    costs = CostTable(
+        compute={"p": np.array([0.0, 0.0]), "g": np.array([10.0, 0.0])},
+        edges=(fwd, grad),
+        memory={},
+    )
+    sol = solve(build_ilp(costs), solver="cbc")
+    assert sol.choice == {"p": 1, "g": 1}
+    assert sol.objective_us == pytest.approx(_brute_force(costs), **APPROX)
+
+
+# ---------------------------------------------------------------- collapse_followers
+
+S0, S1, R = (Shard(0),), (Shard(1),), (Replicate(),)
+INFO = TensorInfo(shape=(8, 8), dtype_bytes=4, dtype="float32")
+
+
+def _node(
+    name: str, kind: str, inputs: tuple[str, ...], strategies: list[Strategy]
+) -> NodeStrategies:
+    return NodeStrategies(
+        name=name,
+        op="test.op",
+        kind=kind,
+        inputs=tuple(InputRef(u, 0) for u in inputs),
+        in_tensors=(INFO,) * len(inputs),
+        out_tensors=(INFO,),
+        strategies=tuple(strategies),
+    )
+
+
+def _placed_edge(
+    rng: np.random.Generator,
+    u: str,
+    v: str,
+    src: list,
+    dst: list,
+    *,
+    zero_diagonal: bool = False,
+) -> EdgeCost:
+    """An edge grouped by placement as price.edge_cost does, with random positive prices."""
+    rows, cols = list(dict.fromkeys(src)), list(dict.fromkeys(dst))
+    cost = rng.uniform(1.0, 10.0, size=(len(rows), len(cols)))
+    if zero_diagonal:
+        for r, p in enumerate(rows):
+            if p in cols:
+                cost[r, cols.index(p)] = 0.0
+    return EdgeCost(
+        src=u,
+        src_out=0,
+        dst=v,
+        slot=0,
+        src_group=np.array([rows.index(p) for p in src]),
+        dst_group=np.array([cols.index(p) for p in dst]),
+        cost=cost,
+        src_placements=tuple(rows),
+        dst_placements=tuple(cols),
+        tensor=INFO,
+    )
+
+
+def _chain(seed: int) -> tuple[StrategyTable, CostTable]:
+    """x (input, 3 placements) -> v (follower, one strategy per placement) -> w (op)."""
+    rng = np.random.default_rng(seed)
+    placements = [S0, S1, R]
+    v_in = [placements[i] for i in rng.permutation(3)]  # v lists them in another order
+    w_in = [S0, S1, R, S0]
+    x = _node("x", "input", (), [Strategy(outs=(p,), ins=()) for p in placements])
+    v = _node("v", "op", ("x",), [Strategy(outs=(p,), ins=(p,)) for p in v_in])
+    w = _node("w", "op", ("v",), [Strategy(outs=(R,), ins=(p,)) for p in w_in])
+    table = StrategyTable(mesh_shape=(2,), axis_names=("dp",), nodes={"x": x, "v": v, "w": w})
+    costs = CostTable(
+        compute={"x": np.zeros(3), "v": rng.uniform(0.0, 10.0, 3), "w": rng.uniform(0.0, 10.0, 4)},
+        edges=(
+            _placed_edge(rng, "x", "v", placements, v_in, zero_diagonal=True),
+            _placed_edge(rng, "v", "w", v_in, w_in),
+        ),
+        memory={},
+    )
+    return table, costs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_collapse_follower_keeps_optimum(seed):
+    """Merging a zero-cost follower keeps the optimum, and expand returns a full, equal-cost choice."""
+    table, costs = _chain(seed)
+    reduction = collapse_followers(table, costs)
+    assert reduction.num_merged == 1
+    assert reduction.roots["v"][0] == "x"
+    assert set(reduction.costs.compute) == {"x", "w"}
+    reduced = solve(build_ilp(reduction.costs), solver="cbc")
+    full = solve(build_ilp(costs), solver="cbc")
+    assert reduced.objective_us == pytest.approx(full.objective_us, **APPROX)
+    assert reduced.objective_us == pytest.approx(_brute_force(costs), **APPROX)
+    choice = reduction.expand(reduced.choice)
+    assert set(choice) == set(costs.compute)
+    assert _total(costs, choice) == pytest.approx(reduced.objective_us, **APPROX)
+
+
+def test_collapse_keep_prevents_merge():
+    """A node listed in ``keep`` is not merged."""
+    table, costs = _chain(0)
+    reduction = collapse_followers(table, costs, keep={"v"})
+    assert reduction.num_merged == 0
+    assert reduction.costs.compute.keys() == costs.compute.keys()
+
+
+def test_collapse_skips_node_that_cannot_take_every_placement():
+    """A node lacking one of its producer's placements is not a follower."""
+    table, costs = _chain(0)
+    x_v = costs.edges[0]
+    cost = x_v.cost.copy()
+    cost[0, x_v.dst_placements.index(x_v.src_placements[0])] = 3.0  # S(0) no longer passes free
+    edges = (dataclasses.replace(x_v, cost=cost), costs.edges[1])
+    reduction = collapse_followers(table, CostTable(costs.compute, edges, costs.memory))
+    assert reduction.num_merged == 0
