@@ -92,7 +92,9 @@ def _cmd_collectives(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autoplan", description="ILP auto-parallel planner for PyTorch.")
+    p = argparse.ArgumentParser(
+        prog="autoplan", description="ILP auto-parallel planner for PyTorch."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     pp = sub.add_parser("plan", help="plan a run file and print the plan")
     pp.add_argument("config")

@@ -55,24 +55,48 @@ def format_compare(result: dict[str, Any]) -> str:
     e, n = result["einsum"], result["native"]
     rows: list[tuple[str, str, str]] = []
     for phase in PHASES:
-        rows.append((f"{phase} (s)", f"{e['timings'].get(phase, 0):.2f}", f"{n['timings'].get(phase, 0):.2f}"))
+        rows.append(
+            (
+                f"{phase} (s)",
+                f"{e['timings'].get(phase, 0):.2f}",
+                f"{n['timings'].get(phase, 0):.2f}",
+            )
+        )
     rows += [
         ("graph nodes", str(e["graph_nodes"]), str(n["graph_nodes"])),
-        ("strategies per mm-like node (mean)", f"{e['mm_strategies_mean']:.1f}", f"{n['mm_strategies_mean']:.1f}"),
-        ("strategies per mm-like node (max)", f"{e['mm_strategies_max']:.0f}", f"{n['mm_strategies_max']:.0f}"),
+        (
+            "strategies per mm-like node (mean)",
+            f"{e['mm_strategies_mean']:.1f}",
+            f"{n['mm_strategies_mean']:.1f}",
+        ),
+        (
+            "strategies per mm-like node (max)",
+            f"{e['mm_strategies_max']:.0f}",
+            f"{n['mm_strategies_max']:.0f}",
+        ),
         ("ILP variables", str(e["ilp_size"].get("variables")), str(n["ilp_size"].get("variables"))),
-        ("ILP constraints", str(e["ilp_size"].get("constraints")), str(n["ilp_size"].get("constraints"))),
+        (
+            "ILP constraints",
+            str(e["ilp_size"].get("constraints")),
+            str(n["ilp_size"].get("constraints")),
+        ),
         ("status", e["status"], n["status"]),
         ("objective (ms)", f"{e['objective_us'] / 1e3:.2f}", f"{n['objective_us'] / 1e3:.2f}"),
         ("  compute (ms)", f"{e['compute_us'] / 1e3:.2f}", f"{n['compute_us'] / 1e3:.2f}"),
         ("  comm (ms)", f"{e['comm_us'] / 1e3:.2f}", f"{n['comm_us'] / 1e3:.2f}"),
-        ("chosen _StridedShard strategies", str(e["strided_shard_chosen"]), str(n["strided_shard_chosen"])),
+        (
+            "chosen _StridedShard strategies",
+            str(e["strided_shard_chosen"]),
+            str(n["strided_shard_chosen"]),
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':<{width}}  {'einsum':>12}  {'native':>12}"]
     lines += [f"{k:<{width}}  {a:>12}  {b:>12}" for k, a, b in rows]
     if e["objective_us"] and e["objective_us"] == e["objective_us"]:
-        lines.append(f"{'objective native/einsum':<{width}}  {n['objective_us'] / e['objective_us']:>27.3f}")
+        lines.append(
+            f"{'objective native/einsum':<{width}}  {n['objective_us'] / e['objective_us']:>27.3f}"
+        )
     diff = result["param_placement_diff"]
     lines.append(f"parameters placed differently: {len(diff)}")
     for fqn, d in list(diff.items())[:20]:

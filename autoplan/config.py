@@ -43,9 +43,7 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         if self.mm_mode not in MM_MODES:
-            raise ValueError(
-                f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}."
-            )
+            raise ValueError(f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}.")
         if self.memory_budget_gib is not None and (
             isinstance(self.memory_budget_gib, bool)
             or not isinstance(self.memory_budget_gib, (int, float))

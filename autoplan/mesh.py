@@ -25,7 +25,9 @@ def fake_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
     shape = tuple(shape)
     names = tuple(names)
     if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
-        raise ValueError(f"mesh shape {shape!r} must be a non-empty tuple of positive ints, e.g. (8, 8).")
+        raise ValueError(
+            f"mesh shape {shape!r} must be a non-empty tuple of positive ints, e.g. (8, 8)."
+        )
     if len(names) != len(shape):
         raise ValueError(
             f"mesh names {names!r} must give one name per axis of shape {shape!r}, e.g. ('dp', 'tp')."

@@ -86,7 +86,9 @@ def parse(text: str, num_axes: int | None = None) -> Placements:
     return tuple(out)
 
 
-def shard_degrees(placements: Sequence[Placement], mesh_shape: Sequence[int], ndim: int) -> list[int]:
+def shard_degrees(
+    placements: Sequence[Placement], mesh_shape: Sequence[int], ndim: int
+) -> list[int]:
     """How many ways each tensor dim is split under ``placements``."""
     degrees = [1] * ndim
     for p, size in zip(placements, mesh_shape, strict=True):

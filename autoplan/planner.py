@@ -27,7 +27,7 @@ from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import DeviceMesh
-from autoplan.strategies.enumerate import has_strided, enumerate_strategies
+from autoplan.strategies.enumerate import enumerate_strategies, has_strided
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import LossFn, TracedGraph, trace_joint
 
@@ -159,7 +159,10 @@ def plan(
         model_ilp, solver=config.solver, time_limit_s=config.time_limit_s, mip_gap=config.mip_gap
     )
     done()
-    base["ilp_size"] = {"variables": model_ilp.num_variables, "constraints": model_ilp.num_constraints}
+    base["ilp_size"] = {
+        "variables": model_ilp.num_variables,
+        "constraints": model_ilp.num_constraints,
+    }
     if solution.status == "infeasible":
         return Plan(
             status="infeasible",
@@ -198,14 +201,8 @@ def _plan_fields(
 
 def _stats(table: StrategyTable, choice: dict[str, int]) -> dict[str, float]:
     """Strategies per mm-like node and how many chosen strategies use _StridedShard."""
-    mm_like = [
-        len(ns.strategies)
-        for ns in table.nodes.values()
-        if ns.op.split(".")[0] in MM_LIKE
-    ]
-    strided = sum(
-        1 for v, i in choice.items() if has_strided(table.nodes[v].strategies[i])
-    )
+    mm_like = [len(ns.strategies) for ns in table.nodes.values() if ns.op.split(".")[0] in MM_LIKE]
+    strided = sum(1 for v, i in choice.items() if has_strided(table.nodes[v].strategies[i]))
     return {
         "mm_nodes": float(len(mm_like)),
         "mm_strategies_mean": float(np.mean(mm_like)) if mm_like else 0.0,
@@ -235,9 +232,12 @@ def _read_solution(
         comm_us += us
         if us == 0.0 or e.tensor is None:
             continue
-        for kind, _axes, nbytes, t in redist.steps(
-            e.src_placements[r], e.dst_placements[c], e.tensor.shape, e.tensor.dtype_bytes
-        ) or []:
+        for kind, _axes, nbytes, t in (
+            redist.steps(
+                e.src_placements[r], e.dst_placements[c], e.tensor.shape, e.tensor.dtype_bytes
+            )
+            or []
+        ):
             entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
             entry["count"] += 1
             entry["bytes"] += nbytes

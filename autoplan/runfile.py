@@ -123,7 +123,9 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     except yaml.YAMLError as exc:
         raise RunFileError(f"{source}: not valid YAML ({exc})") from exc
     if not isinstance(raw, dict):
-        raise RunFileError(f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}")
+        raise RunFileError(
+            f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}"
+        )
     unknown = set(raw) - SECTIONS
     if unknown:
         raise RunFileError(
@@ -148,7 +150,9 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
     )
     for k in args:
         if k not in allowed:
-            raise RunFileError(f"{source}: unknown key model.args.{k}; allowed: {', '.join(allowed)}")
+            raise RunFileError(
+                f"{source}: unknown key model.args.{k}; allowed: {', '.join(allowed)}"
+            )
     try:
         with torch.device("meta"):
             ModelArgs(**args) if name == "llama3" else TinyMLP(**args)
@@ -161,7 +165,11 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
         raise _err(source, "mesh.shape", shape, "expected a list of axis sizes, e.g. [8, 8]")
     shape_t = tuple(_int(source, "mesh.shape", s) for s in shape)
     names = mesh.get("names")
-    if not isinstance(names, list) or len(names) != len(shape_t) or not all(isinstance(n, str) for n in names):
+    if (
+        not isinstance(names, list)
+        or len(names) != len(shape_t)
+        or not all(isinstance(n, str) for n in names)
+    ):
         raise _err(
             source, "mesh.names", names, f"expected {len(shape_t)} axis names, e.g. [dp, tp]"
         )
@@ -182,7 +190,12 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
             raise RunFileError(f"{source}: inputs.placements: {exc}") from exc
 
     topology = _topology(raw.get("topology"), source)
-    plan = _section(raw, "plan", source, [f.name for f in dataclasses.fields(PlanConfig) if f.name != "topology"])
+    plan = _section(
+        raw,
+        "plan",
+        source,
+        [f.name for f in dataclasses.fields(PlanConfig) if f.name != "topology"],
+    )
     try:
         config = PlanConfig(**plan, topology=topology)
     except (TypeError, ValueError) as exc:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.strategies.dtensor import FakeTensor, FakeTensorMode
 
@@ -129,9 +129,7 @@ def trace_joint(
     num_p, num_b = len(params), len(buffers)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     loss_node, grad_nodes = _flatten_outputs(out_node.args[0])
-    grads = {
-        fqn: g.name for fqn, g in zip(param_fqns, grad_nodes, strict=True) if g is not None
-    }
+    grads = {fqn: g.name for fqn, g in zip(param_fqns, grad_nodes, strict=True) if g is not None}
     return TracedGraph(
         gm=gm,
         param_fqns=param_fqns,

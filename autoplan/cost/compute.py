@@ -66,7 +66,9 @@ class ComputeModel:
             None if t is None or p is None else local_shape(t.shape, p, self.mesh_shape)
             for t, p in zip(ns.out_tensors, strategy.outs, strict=True)
         ]
-        nbytes = sum(num_elements(s) * t.dtype_bytes for s, t in zip(in_shapes, ns.in_tensors, strict=True))
+        nbytes = sum(
+            num_elements(s) * t.dtype_bytes for s, t in zip(in_shapes, ns.in_tensors, strict=True)
+        )
         nbytes += sum(
             num_elements(s) * t.dtype_bytes
             for s, t in zip(out_shapes, ns.out_tensors, strict=True)
@@ -126,6 +128,8 @@ def _map_nodes(obj: Any, fn: Any) -> Any:
     return obj
 
 
-def placements_bytes(shape: Sequence[int], dtype_bytes: int, p: Placements, mesh_shape: Sequence[int]) -> int:
+def placements_bytes(
+    shape: Sequence[int], dtype_bytes: int, p: Placements, mesh_shape: Sequence[int]
+) -> int:
     """Bytes one rank holds of a tensor of ``shape`` placed as ``p``."""
     return num_elements(local_shape(shape, p, mesh_shape)) * dtype_bytes

@@ -119,7 +119,10 @@ class RedistributeModel:
                 kind in ("all_gather", "all_reduce")
                 and group[-1] - 1 >= 0
                 and kinds[group[-1] - 1] == kind
-                and (kind == "all_reduce" or sharded_dim(src[group[-1] - 1]) == sharded_dim(src[axis]))
+                and (
+                    kind == "all_reduce"
+                    or sharded_dim(src[group[-1] - 1]) == sharded_dim(src[axis])
+                )
             ):
                 group.append(group[-1] - 1)
             axes = tuple(sorted(group))

@@ -59,7 +59,9 @@ class _Builder:
         self.allowed = {v: np.asarray(a, dtype=bool) for v, a in allowed.items()}
         self.problem = pulp.LpProblem("autoplan", pulp.LpMinimize)
         self.vars: dict[str, list[pulp.LpVariable | None]] = {}
-        self.linear: dict[str, np.ndarray] = {v: c.astype(np.float64).copy() for v, c in costs.compute.items()}
+        self.linear: dict[str, np.ndarray] = {
+            v: c.astype(np.float64).copy() for v, c in costs.compute.items()
+        }
         self.objective: list[tuple[pulp.LpVariable, float]] = []
         self.fixed = 0.0
         self.num_vars = 0
@@ -90,9 +92,7 @@ class _Builder:
             self.num_cons += 1
 
     def _group_expr(self, v: str, group: np.ndarray, g: int) -> list[pulp.LpVariable]:
-        return [
-            x for i, x in enumerate(self.vars[v]) if x is not None and group[i] == g
-        ]
+        return [x for i, x in enumerate(self.vars[v]) if x is not None and group[i] == g]
 
     def _fold(self, edge: EdgeCost) -> bool:
         """Fold an edge with a fixed side into the other side's linear cost."""

@@ -36,15 +36,15 @@ def _cbc_path() -> str:
     import os
     import shutil
 
-    bundled = os.path.join(os.path.dirname(pulp.__file__), "solverdir", "cbc", "linux", "i64", "cbc")
+    bundled = os.path.join(
+        os.path.dirname(pulp.__file__), "solverdir", "cbc", "linux", "i64", "cbc"
+    )
     return bundled if os.path.exists(bundled) else (shutil.which("cbc") or "cbc")
 
 
 def _make_solver(name: str, time_limit_s: float | None, mip_gap: float) -> pulp.LpSolver:
     if name == "cbc":
-        return pulp.COIN_CMD(
-            path=_cbc_path(), msg=False, timeLimit=time_limit_s, gapRel=mip_gap
-        )
+        return pulp.COIN_CMD(path=_cbc_path(), msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
     if name == "highs":
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=mip_gap)
         if not solver.available():

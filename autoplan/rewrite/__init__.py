@@ -25,8 +25,6 @@ def rewrite(traced: TracedGraph, *, mm_mode: str) -> tuple[TracedGraph, RewriteS
     out = next(n for n in traced.gm.graph.nodes if n.op == "output")
     flat = list(out.args[0])
     grads = {
-        fqn: g.name
-        for fqn, g in zip(traced.param_fqns, flat[1:], strict=True)
-        if g is not None
+        fqn: g.name for fqn, g in zip(traced.param_fqns, flat[1:], strict=True) if g is not None
     }
     return dataclasses.replace(traced, grads=grads, loss=flat[0].name), stats

@@ -272,7 +272,9 @@ class _Enumerator:
         out = []
         for combo in itertools.product(filled, repeat=len(self.mesh_shape)):
             per_tensor = list(zip(*combo, strict=True))
-            outs = tuple(None if any(p is None for p in t) else tuple(t) for t in per_tensor[:num_outs])
+            outs = tuple(
+                None if any(p is None for p in t) else tuple(t) for t in per_tensor[:num_outs]
+            )
             ins = tuple(tuple(t) for t in per_tensor[num_outs:])
             out.append(Strategy(outs=outs, ins=ins))
         return out
@@ -319,8 +321,12 @@ class _Enumerator:
         for s in strategies:
             if len(s.ins) != len(in_infos):
                 continue
-            pairs = list(zip(s.outs, out_infos, strict=False)) + list(zip(s.ins, in_infos, strict=True))
-            if all(p is None or i is None or is_even(i.shape, p, self.mesh_shape) for p, i in pairs):
+            pairs = list(zip(s.outs, out_infos, strict=False)) + list(
+                zip(s.ins, in_infos, strict=True)
+            )
+            if all(
+                p is None or i is None or is_even(i.shape, p, self.mesh_shape) for p, i in pairs
+            ):
                 kept.append(s)
         return kept
 

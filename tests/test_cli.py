@@ -1,0 +1,64 @@
+"""The autoplan command on a tiny run file: every verb, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from autoplan.cli import main
+from autoplan.plan import Plan
+from tests.test_runfile import GOOD
+
+
+def _run_file(tmp_path, text=GOOD):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_plan_prints_summary_and_writes_json(tmp_path, capsys):
+    """plan prints the summary, writes a loadable plan, exits 0."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", _run_file(tmp_path), "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "optimal" in text and "parameter placements" in text
+    assert Plan.load(out).status == "optimal"
+
+
+def test_plan_json_is_deterministic(tmp_path, capsys):
+    """Planning the same run twice gives the same placements."""
+    path = _run_file(tmp_path)
+    main(["plan", path, "--json"])
+    first = json.loads(capsys.readouterr().out)
+    main(["plan", path, "--json"])
+    second = json.loads(capsys.readouterr().out)
+    assert first["param_placements"] == second["param_placements"]
+    assert first["objective_us"] == second["objective_us"]
+
+
+def test_infeasible_exits_1_and_bad_input_exits_2(tmp_path, capsys):
+    """Exit 1 when no plan fits, 2 for a bad run file."""
+    tight = GOOD.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0000001")
+    assert main(["plan", _run_file(tmp_path, tight), "--quiet"]) == 1
+    assert "infeasible" in capsys.readouterr().out
+    assert main(["plan", _run_file(tmp_path, GOOD.replace("mlp", "gpt5"))]) == 2
+    assert "model.name" in capsys.readouterr().err
+
+
+def test_compare_json_has_both_modes(tmp_path, capsys):
+    """compare --json reports both mm modes and the placement diff."""
+    assert main(["compare", _run_file(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for mode in ("einsum", "native"):
+        row = result[mode]
+        assert row["status"] == "optimal"
+        for key in ("objective_us", "compute_us", "comm_us", "timings", "ilp_size", "graph_nodes"):
+            assert key in row
+    assert "param_placement_diff" in result
+
+
+def test_collectives_json_rows(capsys):
+    """collectives --json lists op, ranks, nodes, bytes, time and bus bandwidth."""
+    assert main(["collectives", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["op"] for r in rows} == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
+    assert set(rows[0]) == {"op", "ranks", "nodes", "bytes", "time_us", "busbw_GBps"}

@@ -1,0 +1,73 @@
+"""YAML run files: every class of mistake names the file, the key and the fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from autoplan.runfile import RunFileError, load_run
+
+GOOD = """
+model: {name: mlp, args: {dim: 64, hidden: 256, n_layers: 2}}
+inputs: {batch: 16, seq: 32, placements: ["S(0)"]}
+mesh: {shape: [8], names: [dp]}
+plan: {mm_mode: einsum, memory_budget_gib: 0.001}
+topology: h100
+"""
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_good_run_file_loads(tmp_path):
+    """A valid file maps onto the run and its PlanConfig."""
+    run = load_run(_write(tmp_path, GOOD))
+    assert run.mesh_shape == (8,) and run.axis_names == ("dp",)
+    assert run.config.memory_budget_gib == 0.001
+    assert run.build_model() is not None
+
+
+def test_set_overrides_any_key(tmp_path):
+    """--set model.args.n_layers=4 changes that key."""
+    run = load_run(_write(tmp_path, GOOD), ["model.args.n_layers=4", "plan.mm_mode=native"])
+    assert run.model_args["n_layers"] == 4 and run.config.mm_mode == "native"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (("topology: h100", "topology: h100\nextra: 1"), "unknown top-level key 'extra'"),
+        (("plan: {", "plan: {colour: red, "), "unknown key plan.colour"),
+        (("hidden: 256", "hidden: 256, width: 3"), "unknown key model.args.width"),
+        (("name: mlp", "name: gpt5"), "model.name = 'gpt5'"),
+        (("shape: [8]", "shape: [0]"), "mesh.shape = 0"),
+        (("names: [dp]", "names: [dp, tp]"), "mesh.names"),
+        (('"S(0)"', '"Q(0)"'), "inputs.placements"),
+        (('"S(0)"', '"S(0)R"'), "mesh has 1 axes"),
+        (("mm_mode: einsum", "mm_mode: fast"), "mm_mode ('fast')"),
+        (("memory_budget_gib: 0.001", "memory_budget_gib: -1"), "memory_budget_gib (-1)"),
+        (("topology: h100", "topology: tpu"), "Unknown topology preset 'tpu'"),
+        (("batch: 16", "batch: many"), "inputs.batch = 'many'"),
+    ],
+)
+def test_each_mistake_has_its_message(tmp_path, change, needle):
+    """Bad keys, types and values raise RunFileError naming file, key and value."""
+    old, new = change
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new))
+    with pytest.raises(RunFileError) as info:
+        load_run(path)
+    assert needle in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    """A missing file and broken YAML are RunFileErrors too."""
+    with pytest.raises(RunFileError, match="no such run file"):
+        load_run(tmp_path / "nope.yaml")
+    with pytest.raises(RunFileError, match="not valid YAML"):
+        load_run(_write(tmp_path, "model: [unclosed"))

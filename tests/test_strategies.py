@@ -1,0 +1,90 @@
+"""Stage 3: candidate strategies from DTensor's rules, through the adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autoplan
+from autoplan.models.llama3 import Transformer, tiny
+from autoplan.placements import fmt
+from autoplan.rewrite import rewrite
+from autoplan.strategies.enumerate import enumerate_strategies, has_strided
+from autoplan.trace import trace_joint
+
+
+@pytest.fixture(scope="module")
+def llama_traced():
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    return trace_joint(model, lambda: torch.randint(0, 128, (4, 16)))
+
+
+def _table(traced, mode):
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    return enumerate_strategies(traced, mesh, mm_mode=mode)
+
+
+def test_cpu_attention_shards_on_batch_and_heads(llama_traced):
+    """The CPU flash-attention op gets the GPU kernels' batch and head sharding."""
+    table = _table(llama_traced, "native")
+    attn = next(n for n in table.nodes.values() if "flash_attention_for_cpu.default" in n.op)
+    outs = {fmt(s.outs[0]) for s in attn.strategies}
+    assert {"S(0)S(1)", "S(1)S(0)", "S(0)S(0)", "RR"} <= outs
+    assert not attn.fallback
+
+
+def test_native_mode_offers_strided_shard_on_mm(llama_traced):
+    """An mm fed by the flatten view of a two-axis-sharded tensor gets _StridedShard variants."""
+    table = _table(llama_traced, "native")
+    mms = [n for n in table.nodes.values() if n.op == "aten.mm.default"]
+    assert mms
+    assert any(has_strided(s) for n in mms for s in n.strategies)
+
+
+def test_einsum_mode_offers_no_strided_shard():
+    """With the einsum rewrite no strategy uses _StridedShard, and Linear mms are gone."""
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    traced, stats = rewrite(
+        trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode="einsum"
+    )
+    assert stats.forward == 8 and stats.skipped == 0  # 7 per layer + output
+    table = _table(traced, "einsum")
+    assert not any(n.op == "aten.mm.default" for n in table.nodes.values())
+    assert not any(has_strided(s) for n in table.nodes.values() for s in n.strategies)
+    einsums = [n for n in table.nodes.values() if n.op == "aten.einsum.default"]
+    assert len(einsums) == 3 * 8  # forward, grad-input, grad-weight
+
+
+def test_strategies_shard_evenly_only(llama_traced):
+    """Every offered placement divides its tensor evenly over the mesh."""
+    from autoplan.placements import is_even
+
+    table = _table(llama_traced, "einsum")
+    for n in table.nodes.values():
+        for s in n.strategies:
+            for p, t in zip(s.ins, n.in_tensors, strict=True):
+                assert t is None or is_even(t.shape, p, table.mesh_shape), (n.name, fmt(p))
+
+
+class _Trace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.trace(x * self.w)
+
+
+def test_op_without_rule_falls_back_to_replicate_with_a_warning():
+    """An op DTensor has no rule for runs replicated and is named once in a warning."""
+    traced = trace_joint(_Trace(), lambda: torch.randn(8, 8))
+    mesh = autoplan.fake_mesh((2,), ("dp",))
+    with pytest.warns(UserWarning, match="no sharding rule"):
+        table = enumerate_strategies(traced, mesh)
+    assert table.fallback_ops
+    for name in table.fallback_ops:
+        nodes = [n for n in table.nodes.values() if n.op == name]
+        assert all(fmt(s.outs[0]) == "R" for n in nodes for s in n.strategies)
