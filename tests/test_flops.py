@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import autoplan.cost.flops as flops
 from autoplan.cost.flops import op_flops
 from autoplan.rewrite.einsum import rewrite_linear_to_einsum
+from tests.test_rewrite_einsum import trace_step
 
 aten = torch.ops.aten
 
@@ -111,17 +111,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.relu(self.up(x)))
-
-
-def trace_step(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    names = [n for n, _ in model.named_parameters()]
-
-    def step(params, x):
-        out = torch.func.functional_call(model, dict(zip(names, params, strict=True)), (x,))
-        loss = out.float().mean()
-        return loss, torch.autograd.grad(loss, params)
-
-    return make_fx(step)(list(model.parameters()), x)
 
 
 def counted_flops(gm: torch.fx.GraphModule, *args: object) -> int:
