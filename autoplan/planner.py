@@ -201,7 +201,9 @@ def _plan_fields(
 
 def _stats(table: StrategyTable, choice: dict[str, int]) -> dict[str, float]:
     """Strategies per mm-like node and how many chosen strategies use _StridedShard."""
-    mm_like = [len(ns.strategies) for ns in table.nodes.values() if ns.op.split(".")[0] in MM_LIKE]
+    mm_like = [
+        len(ns.strategies) for ns in table.nodes.values() if ns.op.rsplit(".", 1)[0] in MM_LIKE
+    ]
     strided = sum(1 for v, i in choice.items() if has_strided(table.nodes[v].strategies[i]))
     return {
         "mm_nodes": float(len(mm_like)),

@@ -53,6 +53,9 @@ def test_compare_json_has_both_modes(tmp_path, capsys):
         assert row["status"] == "optimal"
         for key in ("objective_us", "compute_us", "comm_us", "timings", "ilp_size", "graph_nodes"):
             assert key in row
+        assert (
+            row["mm_strategies_mean"] > 0 and row["mm_strategies_max"] >= row["mm_strategies_mean"]
+        )
     assert "param_placement_diff" in result
 
 
