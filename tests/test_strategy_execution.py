@@ -176,8 +176,14 @@ def _describe(op: str, node: fx.Node, strategy: Strategy) -> str:
     return f"{op} ({ins}) -> {out_shape}:{fmt(strategy.outs[0])}"
 
 
+@pytest.fixture(scope="module")
+def mesh() -> Any:
+    """The 2x2 fake mesh, built once: building it per case dominates the run time."""
+    return autoplan.fake_mesh(MESH_SHAPE, ("dp", "tp"))
+
+
 @pytest.mark.parametrize(("node", "op", "strategy"), CASES)
-def test_strategy_computes_the_op(node: fx.Node, op: str, strategy: Strategy) -> None:
+def test_strategy_computes_the_op(node: fx.Node, op: str, strategy: Strategy, mesh: Any) -> None:
     """Sharded inputs, per-rank op and assembled output match the single-device result."""
     gen = torch.Generator().manual_seed(0)
     inputs = _tensor_inputs(node)
@@ -194,7 +200,6 @@ def test_strategy_computes_the_op(node: fx.Node, op: str, strategy: Strategy) ->
     expected = node.target(*args, **kwargs)
 
     with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = autoplan.fake_mesh(MESH_SHAPE, ("dp", "tp"))
         locals_ = [_shard(x, p, mesh, gen) for x, p in zip(globals_, strategy.ins, strict=True)]
         if op in VIEW_OPS:
             # The traced size argument is global; each rank views to its local shape.
