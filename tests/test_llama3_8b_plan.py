@@ -1,0 +1,26 @@
+"""End to end on LLaMA3-8B dims (slow: run with `pytest -m slow`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.cli import run_plan
+from autoplan.plan import param_kind
+from autoplan.runfile import load_run
+from autoplan.strategies.dtensor import Replicate
+
+BIG = ("tok_embeddings", "output", "attention.wq", "attention.wo", "feed_forward.w1",
+       "feed_forward.w2", "feed_forward.w3")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_8b_two_layers_tight_budget_shards_every_large_weight():
+    """With 0.5 GiB per device no large weight stays replicated on both mesh axes."""
+    pytest.importorskip("highspy")
+    run = load_run("configs/llama3_8b_2l.yaml", ["plan.memory_budget_gib=0.5", "plan.solver=highs"])
+    plan = run_plan(run, quiet=True)
+    assert plan.status == "optimal"
+    assert plan.memory_bytes <= 0.5 * 2**30
+    for fqn, placements in plan.param_placements.items():
+        if param_kind(fqn) in BIG:
+            assert placements != (Replicate(), Replicate()), fqn
