@@ -38,6 +38,9 @@ class PlanConfig:
     collapse_followers: bool = True
     """Merge views and pointwise ops into the node they follow before solving
     (see :mod:`autoplan.ilp.reduce`): a much smaller ILP for a small loss of optimality."""
+    cluster_layers: bool = True
+    """Tie the variables of nodes that repeated identical layers make alike (see
+    :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
     topology: Topology = field(default_factory=Topology)
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 

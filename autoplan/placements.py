@@ -109,18 +109,24 @@ def local_shape(
 def is_even(
     shape: Sequence[int], placements: Sequence[Placement], mesh_shape: Sequence[int]
 ) -> bool:
-    """True iff every sharded dim divides evenly (strided shards: by split factor too)."""
-    degrees = [1] * len(shape)
+    """True iff every sharded dim divides evenly, axis after axis.
+
+    Each axis splits what the earlier axes left of the dim; a
+    ``_StridedShard(d, sf)`` needs that remainder to divide by ``sf`` times
+    the axis size.
+    """
+    remaining = list(shape)
     for p, size in zip(placements, mesh_shape, strict=True):
         d = sharded_dim(p)
         if d is None:
             continue
         if d >= len(shape):
             return False
-        degrees[d] *= size
-        if isinstance(p, _StridedShard) and shape[d] % (p.split_factor * size) != 0:
+        step = size * p.split_factor if isinstance(p, _StridedShard) else size
+        if remaining[d] % step != 0:
             return False
-    return all(s % k == 0 for s, k in zip(shape, degrees, strict=True))
+        remaining[d] //= size
+    return True
 
 
 def local_fraction(placements: Sequence[Placement], mesh_shape: Sequence[int]) -> float:

@@ -104,8 +104,10 @@ class Plan:
             + f"  total {sum(self.timings.values()):.2f}"
         )
         lines.append(
-            f"graph: {self.graph_nodes} nodes   ILP: {self.ilp_size.get('variables', 0)} variables, "
-            f"{self.ilp_size.get('constraints', 0)} constraints   solver: {self.solver} -> {self.status}"
+            f"graph: {self.graph_nodes} nodes, {self.ilp_size.get('merged', 0)} merged into producers, "
+            f"{self.ilp_size.get('tied', 0)} tied to a twin   ILP: {self.ilp_size.get('variables', 0)} "
+            f"variables, {self.ilp_size.get('constraints', 0)} constraints   "
+            f"solver: {self.solver} -> {self.status}"
         )
         if self.message:
             lines.append(self.message)

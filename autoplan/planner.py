@@ -21,6 +21,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.ilp.build import build_ilp
+from autoplan.ilp.cluster import cluster
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
 from autoplan.placements import Placements, fmt, parse
@@ -152,7 +153,8 @@ def plan(
     keep = set(allowed)
     reduction = collapse_followers(table, costs, keep=keep) if config.collapse_followers else None
     ilp_costs = reduction.costs if reduction is not None else costs
-    model_ilp = build_ilp(ilp_costs, allowed=allowed, memory_budget_bytes=budget)
+    tie = cluster(ilp_costs).rep if config.cluster_layers else None
+    model_ilp = build_ilp(ilp_costs, allowed=allowed, memory_budget_bytes=budget, tie=tie)
     done()
     done = _timed(timings, "solve", progress)
     solution = solve(
@@ -162,6 +164,9 @@ def plan(
     base["ilp_size"] = {
         "variables": model_ilp.num_variables,
         "constraints": model_ilp.num_constraints,
+        "nodes": len(ilp_costs.compute),
+        "merged": reduction.num_merged if reduction is not None else 0,
+        "tied": sum(1 for v, r in (tie or {}).items() if v != r),
     }
     if solution.status == "infeasible":
         return Plan(

@@ -10,7 +10,7 @@ Schema::
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
     plan:     {mm_mode, memory_budget_gib, solver, time_limit_s, mip_gap,
-               optimizer_states, collapse_followers}
+               optimizer_states, collapse_followers, cluster_layers}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
 """
 

@@ -57,6 +57,30 @@ def _models() -> list[tuple[str, Callable[[], nn.Module], tuple[int, ...], str]]
     ]
 
 
+_TOO_SMALL = (
+    "WRONG: the second axis's _S(d,4) needs 8 elements of dim d per first-axis shard, "
+    "but the first axis already halved it to 4; DTensor cannot lay it out"
+)
+_BAD_FACTOR = (
+    "WRONG: the local view yields split factor 2 on the output dim, not the 4 offered, "
+    "because the first axis already sharded the merged dim"
+)
+# Strategies found wrong by this test: (program-mode-node, strategy) -> reason.
+KNOWN_WRONG = {
+    ("linear-native-mm", "(RR, S(1)_S(1,4)) -> S(1)_S(1,4)"): _TOO_SMALL,
+    ("linear-native-mm", "(RR, _S(1,2)_S(1,4)) -> _S(1,2)_S(1,4)"): _TOO_SMALL,
+    ("linear-native-mm", "(RR, _S(1,4)_S(1,4)) -> _S(1,4)_S(1,4)"): _TOO_SMALL,
+    ("linear-native-mm_1", "(S(0)_S(0,4), RR) -> S(0)_S(0,4)"): _TOO_SMALL,
+    ("linear-native-mm_1", "(_S(0,2)_S(0,4), RR) -> _S(0,2)_S(0,4)"): _TOO_SMALL,
+    ("linear-native-mm_1", "(_S(0,4)_S(0,4), RR) -> _S(0,4)_S(0,4)"): _TOO_SMALL,
+    ("linear-native-_unsafe_view", "(S(1)_S(1,4)) -> S(2)_S(2,4)"): _TOO_SMALL,
+    ("linear-native-_unsafe_view", "(_S(1,2)_S(1,4)) -> _S(2,2)_S(2,4)"): _TOO_SMALL,
+    ("linear-native-_unsafe_view", "(_S(1,4)_S(1,4)) -> _S(2,4)_S(2,4)"): _TOO_SMALL,
+    ("linear-native-_unsafe_view", "(S(0)_S(0,4)) -> S(0)_S(1,4)"): _BAD_FACTOR,
+    ("linear-native-_unsafe_view", "(_S(0,2)_S(0,4)) -> _S(0,2)_S(1,4)"): _BAD_FACTOR,
+}
+
+
 def _collect_cases() -> list[Any]:
     """One pytest param per (program, node, strategy) of the ops under check."""
     cases = []
@@ -73,8 +97,14 @@ def _collect_cases() -> list[Any]:
             if info.op not in CHECKED_OPS + VIEW_OPS:
                 continue
             for strategy in info.strategies:
-                case_id = f"{label}-{mode}-{name}-{strategy}"
-                cases.append(pytest.param(fx_nodes[name], info.op, strategy, id=case_id))
+                where = f"{label}-{mode}-{name}"
+                reason = KNOWN_WRONG.get((where, str(strategy)))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                cases.append(
+                    pytest.param(
+                        fx_nodes[name], info.op, strategy, id=f"{where}-{strategy}", marks=marks
+                    )
+                )
     return cases
 
 
@@ -104,12 +134,13 @@ def _coords(rank: int) -> tuple[int, int]:
 
 def _shard(
     x: torch.Tensor, placements: Placements, mesh: Any, gen: torch.Generator
-) -> LocalTensor:
+) -> dict[int, torch.Tensor]:
     """Per-rank local tensors of ``x`` laid out per ``placements``."""
     plain = _without_partial(placements)
     if any(isinstance(p, _StridedShard) for p in plain):
-        replicated = LocalTensor({r: x.clone() for r in range(WORLD)})
-        local = distribute_tensor(replicated, mesh, plain).to_local()
+        with LocalTensorMode(frozenset(range(WORLD))):
+            replicated = LocalTensor({r: x.clone() for r in range(WORLD)})
+            local = distribute_tensor(replicated, mesh, plain).to_local()
         per_rank = {r: local._local_tensors[r].clone() for r in range(WORLD)}
     else:
         # Plain shards by hand (much faster): torch.chunk per mesh coordinate, axis by axis.
@@ -122,7 +153,7 @@ def _shard(
             per_rank[r] = t.clone()
     want = local_shape(x.shape, placements, MESH_SHAPE)
     assert all(t.shape == want for t in per_rank.values()), f"{fmt(placements)}: bad layout"
-    return LocalTensor(_split_partial(per_rank, placements, gen))
+    return _split_partial(per_rank, placements, gen)
 
 
 def _without_partial(placements: Placements) -> Placements:
@@ -210,24 +241,25 @@ def test_strategy_computes_the_op(node: fx.Node, op: str, strategy: Strategy, me
     args, kwargs = _replay_args(node, globals_)
     expected = node.target(*args, **kwargs)
 
-    with LocalTensorMode(frozenset(range(WORLD))):
-        locals_ = [_shard(x, p, mesh, gen) for x, p in zip(globals_, strategy.ins, strict=True)]
+    locals_ = [_shard(x, p, mesh, gen) for x, p in zip(globals_, strategy.ins, strict=True)]
+    local_out = {}
+    for rank in range(WORLD):
+        mine = [per_rank[rank] for per_rank in locals_]
         if op in VIEW_OPS:
             # The traced size argument is global; each rank views to its local shape.
             try:
-                local_out = node.target(locals_[0], list(expected_local))
+                local_out[rank] = node.target(mine[0], list(expected_local))
             except RuntimeError as e:
                 pytest.fail(f"{what}: local view to {expected_local} failed: {e}")
         else:
-            args, kwargs = _replay_args(node, locals_)
-            local_out = node.target(*args, **kwargs)
-        shapes = {tuple(local_out._local_tensors[r].shape) for r in range(WORLD)}
-        assert shapes == {expected_local}, (
-            f"{what}: local output shapes {shapes}, expected {expected_local}"
-        )
-        reference = _shard(expected, _without_partial(out_placements), mesh, gen)
-    want = {r: reference._local_tensors[r] for r in range(WORLD)}
-    got = _reduce_partial({r: local_out._local_tensors[r] for r in range(WORLD)}, out_placements)
+            args, kwargs = _replay_args(node, mine)
+            local_out[rank] = node.target(*args, **kwargs)
+    shapes = {tuple(t.shape) for t in local_out.values()}
+    assert shapes == {expected_local}, (
+        f"{what}: local output shapes {shapes}, expected {expected_local}"
+    )
+    want = _shard(expected, _without_partial(out_placements), mesh, gen)
+    got = _reduce_partial(local_out, out_placements)
     for rank in range(WORLD):
         torch.testing.assert_close(
             got[rank], want[rank], msg=lambda m, r=rank: f"{what}: rank {_coords(r)} differs: {m}"

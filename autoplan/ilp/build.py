@@ -13,6 +13,7 @@ The math (microseconds of estimated step time)::
     edge linearization        Σ_c e[uv,r,c] = Σ_{i: out(u,i)=r} s[u,i]       (add_edges)
                               Σ_r e[uv,r,c] = Σ_{j: in(v,j)=c}  s[v,j]
     memory per device         Σ_p Σ_i M[p,i] · s[p,i] ≤ budget               (add_memory)
+    tied layers (optional)    s[v,i] ≡ s[rep(v),i]; tied edges share e, cost × count  (add_edges)
 
     minimize   Σ_v Σ_i C[v,i] · s[v,i]  +  Σ_uv Σ_rc R[uv,r,c] · e[uv,r,c]
 
@@ -38,6 +39,7 @@ import numpy as np
 import pulp
 
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.ilp.cluster import edge_key
 
 
 @dataclass
@@ -54,47 +56,62 @@ class IlpModel:
 
 
 class _Builder:
-    def __init__(self, costs: CostTable, allowed: Mapping[str, np.ndarray]) -> None:
+    """Builds the ILP; nodes tied by ``rep`` share one set of variables."""
+
+    def __init__(
+        self, costs: CostTable, allowed: Mapping[str, np.ndarray], rep: Mapping[str, str]
+    ) -> None:
         self.costs = costs
-        self.allowed = {v: np.asarray(a, dtype=bool) for v, a in allowed.items()}
+        self.rep = dict(rep)
+        self.allowed: dict[str, np.ndarray] = {}
+        self.linear: dict[str, np.ndarray] = {}
+        for v, c in costs.compute.items():
+            r = self.rep.setdefault(v, v)
+            ok = np.asarray(allowed[v], dtype=bool)
+            if r in self.allowed:
+                self.allowed[r] &= ok
+                self.linear[r] = self.linear[r] + c
+            else:
+                self.allowed[r] = ok.copy()
+                self.linear[r] = c.astype(np.float64).copy()
         self.problem = pulp.LpProblem("autoplan", pulp.LpMinimize)
         self.vars: dict[str, list[pulp.LpVariable | None]] = {}
-        self.linear: dict[str, np.ndarray] = {
-            v: c.astype(np.float64).copy() for v, c in costs.compute.items()
-        }
-        self.objective: list[tuple[pulp.LpVariable, float]] = []
+        self.objective: dict[pulp.LpVariable, float] = {}
         self.fixed = 0.0
         self.num_vars = 0
         self.num_cons = 0
         self.infeasible = ""
 
     def single(self, v: str) -> int | None:
-        """Index of v's only allowed strategy, or None when v has a choice."""
-        idx = np.flatnonzero(self.allowed[v])
+        """Index of the only allowed strategy of v's class, or None when it has a choice."""
+        idx = np.flatnonzero(self.allowed[self.rep[v]])
         return int(idx[0]) if len(idx) == 1 else None
 
     def add_node_vars(self) -> None:
-        for v, ok in self.allowed.items():
+        for r, ok in self.allowed.items():
             if not ok.any():
-                raise ValueError(f"node {v} has no allowed strategy")
-            if self.single(v) is not None:
-                self.vars[v] = [None] * len(ok)
+                raise ValueError(f"node {r} has no allowed strategy")
+            if self.single(r) is not None:
+                self.vars[r] = [None] * len(ok)
                 continue
-            names = [
+            xs = [
                 self.problem.add_variable(f"s_{len(self.vars)}_{i}", 0, 1, cat=pulp.LpBinary)
                 if ok[i]
                 else None
                 for i in range(len(ok))
             ]
-            self.vars[v] = names
+            self.vars[r] = xs
             self.num_vars += int(ok.sum())
-            self.problem += pulp.lpSum(x for x in names if x is not None) == 1
+            self.problem += pulp.lpSum(x for x in xs if x is not None) == 1
             self.num_cons += 1
 
-    def _group_expr(self, v: str, group: np.ndarray, g: int) -> list[pulp.LpVariable]:
-        return [x for i, x in enumerate(self.vars[v]) if x is not None and group[i] == g]
+    def node_vars(self, v: str) -> list[pulp.LpVariable | None]:
+        return self.vars[self.rep[v]]
 
-    def _fold(self, edge: EdgeCost) -> bool:
+    def _group_expr(self, v: str, group: np.ndarray, g: int) -> list[pulp.LpVariable]:
+        return [x for i, x in enumerate(self.node_vars(v)) if x is not None and group[i] == g]
+
+    def _fold(self, edge: EdgeCost, count: int = 1) -> bool:
         """Fold an edge with a fixed side into the other side's linear cost."""
         su, sv = self.single(edge.src), self.single(edge.dst)
         if su is None and sv is None:
@@ -106,16 +123,14 @@ class _Builder:
                     f"edge {edge.src} -> {edge.dst}: the only allowed placements cannot be "
                     "redistributed into each other"
                 )
-            self.fixed += c
+            self.fixed += c * count
             return True
         if su is not None:
-            row = edge.cost[edge.src_group[su]]
-            extra = row[edge.dst_group]
-            target = edge.dst
+            extra = edge.cost[edge.src_group[su]][edge.dst_group]
+            target = self.rep[edge.dst]
         else:
-            col = edge.cost[:, edge.dst_group[sv]]
-            extra = col[edge.src_group]
-            target = edge.src
+            extra = edge.cost[:, edge.dst_group[sv]][edge.src_group]
+            target = self.rep[edge.src]
         bad = ~np.isfinite(extra)
         self.allowed[target] &= ~bad
         if not self.allowed[target].any():
@@ -123,25 +138,32 @@ class _Builder:
                 f"edge {edge.src} -> {edge.dst}: no strategy of {target} can take or give "
                 "the placement fixed on the other side"
             )
+        self.linear[target] = self.linear[target] + np.where(bad, 0.0, extra) * count
         for i in np.flatnonzero(bad):
             x = self.vars.get(target, [None] * len(bad))[i]
             if x is not None:
                 x.upBound = 0
-        self.linear[target] = self.linear[target] + np.where(bad, 0.0, extra)
         return True
 
     def add_edges(self) -> None:
+        # Tied edges (same classes at both ends, same prices) share variables:
+        # count them once, weighted by how many there are.
+        grouped: dict[tuple[str, str, str], list[EdgeCost]] = {}
+        for e in self.costs.edges:
+            key = (self.rep[e.src], self.rep[e.dst], edge_key(e))
+            grouped.setdefault(key, []).append(e)
         # Fold first (it may remove strategies), then create node variables.
-        pending = [e for e in self.costs.edges if not self._fold(e)]
+        pending = [(es[0], len(es)) for es in grouped.values() if not self._fold(es[0], len(es))]
         self.add_node_vars()
-        for e in pending:
-            self._add_edge(e)
+        for e, count in pending:
+            self._add_edge(e, count)
 
-    def _add_edge(self, edge: EdgeCost) -> None:
-        if self._fold(edge):
+    def _add_edge(self, edge: EdgeCost, count: int) -> None:
+        if self._fold(edge, count):
             return
         rows, cols = edge.cost.shape
-        e_vars: dict[tuple[int, int], pulp.LpVariable] = {}
+        by_row: list[list[pulp.LpVariable]] = [[] for _ in range(rows)]
+        by_col: list[list[pulp.LpVariable]] = [[] for _ in range(cols)]
         k = self.num_vars
         for r in range(rows):
             for c in range(cols):
@@ -149,51 +171,58 @@ class _Builder:
                 if math.isfinite(cost):
                     x = self.problem.add_variable(f"e_{k}_{r}_{c}", 0, 1)
                     k += 1
-                    e_vars[(r, c)] = x
+                    by_row[r].append(x)
+                    by_col[c].append(x)
                     if cost:
-                        self.objective.append((x, float(cost)))
+                        self.objective[x] = float(cost) * count
         self.num_vars = k
         for r in range(rows):
             members = self._group_expr(edge.src, edge.src_group, r)
-            out = [x for (rr, _), x in e_vars.items() if rr == r]
-            if not out and not members:
-                continue
-            self.problem += pulp.lpSum(out) == pulp.lpSum(members)
-            self.num_cons += 1
+            if by_row[r] or members:
+                self.problem += pulp.lpSum(by_row[r]) == pulp.lpSum(members)
+                self.num_cons += 1
         for c in range(cols):
             members = self._group_expr(edge.dst, edge.dst_group, c)
-            inc = [x for (_, cc), x in e_vars.items() if cc == c]
-            if not inc and not members:
-                continue
-            self.problem += pulp.lpSum(inc) == pulp.lpSum(members)
-            self.num_cons += 1
+            if by_col[c] or members:
+                self.problem += pulp.lpSum(by_col[c]) == pulp.lpSum(members)
+                self.num_cons += 1
 
     def add_memory(self, budget_bytes: float | None) -> None:
         if budget_bytes is None or not self.costs.memory:
             return
-        terms = []
+        coef: dict[pulp.LpVariable, float] = {}
         for p, mem in self.costs.memory.items():
             only = self.single(p)
             if only is not None:
                 budget_bytes -= float(mem[only])
                 continue
-            terms.extend((x, float(mem[i])) for i, x in enumerate(self.vars[p]) if x is not None)
-        if not terms:
+            for i, x in enumerate(self.node_vars(p)):
+                if x is not None:
+                    coef[x] = coef.get(x, 0.0) + float(mem[i])
+        if not coef:
             if budget_bytes < 0:
                 self.infeasible = "memory_budget: the forced placements alone exceed the budget"
             return
-        self.problem += pulp.LpAffineExpression(terms) <= budget_bytes, "memory_budget"
+        self.problem += pulp.LpAffineExpression(coef) <= budget_bytes, "memory_budget"
         self.num_cons += 1
 
     def set_objective(self) -> None:
-        terms = list(self.objective)
-        for v, xs in self.vars.items():
-            only = self.single(v)
+        terms = dict(self.objective)
+        for r, xs in self.vars.items():
+            only = self.single(r)
             if only is not None:
-                self.fixed += float(self.linear[v][only])
+                self.fixed += float(self.linear[r][only])
                 continue
-            terms.extend((x, float(self.linear[v][i])) for i, x in enumerate(xs) if x is not None)
+            for i, x in enumerate(xs):
+                if x is not None:
+                    terms[x] = terms.get(x, 0.0) + float(self.linear[r][i])
         self.problem += pulp.LpAffineExpression(terms) + self.fixed
+
+    def choice_vars(self) -> dict[str, list[pulp.LpVariable | None]]:
+        return {v: self.vars[r] for v, r in self.rep.items()}
+
+    def node_allowed(self) -> dict[str, np.ndarray]:
+        return {v: self.allowed[r] for v, r in self.rep.items()}
 
 
 def build_ilp(
@@ -201,19 +230,28 @@ def build_ilp(
     *,
     allowed: Mapping[str, np.ndarray] | None = None,
     memory_budget_bytes: float | None = None,
+    tie: Mapping[str, str] | None = None,
 ) -> IlpModel:
     """Build the ILP of the module docstring for ``costs``.
 
     ``allowed[v]`` masks node v's strategies (user placement constraints);
-    missing nodes allow all.
+    missing nodes allow all. ``tie[v] = r`` makes v use r's variables (see
+    :mod:`autoplan.ilp.cluster`): tied nodes must have the same strategy list.
     """
     mask = {v: np.isfinite(c) for v, c in costs.compute.items()}
     for v, a in (allowed or {}).items():
-        mask[v] = mask[v] & np.asarray(a, dtype=bool)
-    b = _Builder(costs, mask)
+        if v in mask:
+            mask[v] = mask[v] & np.asarray(a, dtype=bool)
+    b = _Builder(costs, mask, tie or {})
     b.add_edges()
     b.add_memory(memory_budget_bytes)
     b.set_objective()
     return IlpModel(
-        b.problem, b.vars, b.allowed, b.fixed, b.num_vars, b.num_cons, infeasible=b.infeasible
+        b.problem,
+        b.choice_vars(),
+        b.node_allowed(),
+        b.fixed,
+        b.num_vars,
+        b.num_cons,
+        infeasible=b.infeasible,
     )

@@ -1,0 +1,177 @@
+"""Stage 7, apply: turn a :class:`~autoplan.plan.Plan` into a model that trains on a real mesh.
+
+Input: an ``nn.Module`` (real CPU weights or on the meta device), the ``Plan`` made for
+it, and a real ``DeviceMesh`` (gloo on CPU, NCCL on GPUs, under ``torchrun``). Output:
+the same module, with every parameter replaced by an ``nn.Parameter`` holding a
+``DTensor`` placed as the plan says, and every buffer replicated.
+
+Why: a plan is only worth something if it runs and gives the single-device loss and
+gradients. DTensor already knows how to run a module whose parameters and inputs are
+DTensors, so this stage only has to place them.
+
+What this slice does and does not do: it places *parameters* (and, with
+:func:`shard_inputs`, *inputs*) per the plan, then lets DTensor's own dispatch choose
+the placement of every intermediate activation and gradient in forward and backward.
+Those may differ from the plan's ``node_placements``, so the collectives that run may
+not be the ones the plan priced. Executing each node's planned placement is the next
+slice. Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and
+raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+
+from autoplan.placements import Placements, fmt, parse
+from autoplan.plan import Plan
+
+__all__ = ["full_gradients", "parallelize", "shard_inputs"]
+
+
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    mesh: DeviceMesh,
+    *,
+    init_fn: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Place ``model``'s parameters on ``mesh`` as ``plan`` says; return ``model``.
+
+    Each parameter becomes ``nn.Parameter(distribute_tensor(p, mesh, placements))``:
+
+    - a model holding real CPU weights keeps its values: rank 0's weights are the
+      source (``distribute_tensor``'s default), so every rank holds its shard of the
+      same global tensor;
+    - a model on the meta device is materialized shard by shard: its meta parameters
+      are distributed (no memory, no communication), then ``model.to_empty(device="cpu")``
+      allocates only each rank's local shards, then ``init_fn(model)`` fills them (without
+      ``init_fn`` the values are uninitialized memory). ``init_fn`` runs while buffers are
+      still plain tensors, so it may fill them with ordinary tensor ops; parameters are
+      DTensors by then, so it must use ops DTensor supports (``nn.init.*`` does).
+
+    Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
+    the plan does not list (planning traces only trainable ones) is replicated.
+
+    Raises ``ValueError`` when ``mesh`` does not have the plan's shape or a parameter is
+    missing from the plan or has another shape, and ``NotImplementedError`` when a
+    parameter is placed ``Partial`` or ``_StridedShard``.
+    """
+    if tuple(mesh.shape) != tuple(plan.mesh_shape):
+        raise ValueError(
+            f"mesh shape {tuple(mesh.shape)} does not match the plan's mesh_shape "
+            f"{tuple(plan.mesh_shape)} (axes {plan.axis_names}); build the mesh with "
+            f"init_device_mesh(device, {tuple(plan.mesh_shape)}, mesh_dim_names={plan.axis_names}) "
+            "or plan again for this mesh."
+        )
+    targets = _param_placements(model, plan, mesh.ndim)
+    is_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+    done: dict[int, nn.Parameter] = {}  # tied parameters stay tied
+    for mod_name, module in model.named_modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param is None:
+                continue
+            if id(param) not in done:
+                fqn = f"{mod_name}.{name}" if mod_name else name
+                local = distribute_tensor(param.detach(), mesh, targets[fqn])
+                done[id(param)] = nn.Parameter(local, requires_grad=param.requires_grad)
+            setattr(module, name, done[id(param)])
+
+    if is_meta:
+        model.to_empty(device="cpu")
+        if init_fn is not None:
+            init_fn(model)
+    _replicate_buffers(model, mesh)
+    return model
+
+
+def _param_placements(model: nn.Module, plan: Plan, num_axes: int) -> dict[str, Placements]:
+    """The plan's placements for every parameter FQN of ``model``, checked."""
+    out: dict[str, Placements] = {}
+    for fqn, param in model.named_parameters():
+        if fqn not in plan.param_placements:
+            if not param.requires_grad:
+                out[fqn] = (Replicate(),) * num_axes
+                continue
+            raise ValueError(
+                f"parameter {fqn!r} (shape {tuple(param.shape)}) is not in the plan; the plan has "
+                f"{len(plan.param_placements)} parameters. Plan this exact model "
+                "(same module structure and parameter names) and apply that plan."
+            )
+        want = plan.param_shapes.get(fqn)
+        if want is not None and tuple(want) != tuple(param.shape):
+            raise ValueError(
+                f"parameter {fqn!r} has shape {tuple(param.shape)} but the plan was made for "
+                f"shape {tuple(want)}; plan the model with the same dimensions."
+            )
+        placements = tuple(plan.param_placements[fqn])
+        for p in placements:
+            if type(p) not in (Shard, Replicate):
+                raise NotImplementedError(
+                    f"parameter {fqn!r} is placed {fmt(placements)}: Partial and _StridedShard "
+                    "parameter placements are not yet supported by parallelize (only S(d) and R)."
+                )
+        out[fqn] = placements
+    return out
+
+
+def _replicate_buffers(model: nn.Module, mesh: DeviceMesh) -> None:
+    replicate = [Replicate()] * mesh.ndim
+    for module in model.modules():
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf is None or isinstance(buf, DTensor):
+                continue
+            persistent = name not in module._non_persistent_buffers_set
+            module.register_buffer(
+                name, distribute_tensor(buf, mesh, replicate), persistent=persistent
+            )
+
+
+def shard_inputs(
+    inputs: torch.Tensor | tuple[torch.Tensor, ...],
+    placements: Sequence[Sequence[Placement] | str],
+    mesh: DeviceMesh,
+) -> tuple[DTensor, ...]:
+    """Turn a GLOBAL batch (the same tensors on every rank) into DTensors to feed the model.
+
+    ``placements`` gives one entry per input, the same ones passed to ``autoplan.plan``
+    as ``input_placements``: a tuple of DTensor placements or a short string such as
+    ``"S(0)R"``. Rank 0's values are the source, so ranks need not hold bitwise-equal
+    batches; each keeps only its shard.
+    """
+    tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    if len(tensors) != len(placements):
+        raise ValueError(
+            f"shard_inputs got {len(tensors)} inputs but {len(placements)} placements; "
+            "give one placement per input, as in plan(..., input_placements=...)."
+        )
+    out = []
+    for i, (t, spec) in enumerate(zip(tensors, placements, strict=True)):
+        where = parse(spec, mesh.ndim) if isinstance(spec, str) else tuple(spec)
+        if len(where) != mesh.ndim:
+            raise ValueError(
+                f"placements[{i}] = {fmt(where)} has {len(where)} entries; the mesh has "
+                f"{mesh.ndim} axes. Give one placement per mesh axis."
+            )
+        out.append(distribute_tensor(t, mesh, list(where)))
+    return tuple(out)
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as a full (global) tensor, keyed by FQN; for checks.
+
+    A collective on DTensor gradients: call it on every rank. Parameters without a
+    gradient are left out.
+    """
+    grads = {}
+    for fqn, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        g = param.grad
+        grads[fqn] = g.full_tensor() if isinstance(g, DTensor) else g
+    return grads
