@@ -18,7 +18,8 @@ Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from torch import fx
@@ -67,6 +68,10 @@ def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Plac
     return group, tuple(index)  # type: ignore[arg-type]
 
 
+def _static(node: fx.Node) -> str:
+    return repr([a for a in node.args if not isinstance(a, (fx.Node, list, tuple))])
+
+
 def edge_cost(
     redist: RedistributeModel,
     src: str,
@@ -101,13 +106,30 @@ def price(
     fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}
     compute: dict[str, np.ndarray] = {}
     edges: list[EdgeCost] = []
+    # Twin nodes of identical layers share their strategy tuple (see the
+    # strategies stage), so prices are computed once per distinct question.
+    compute_cache: dict[tuple[Any, ...], np.ndarray] = {}
+    edge_cache: dict[tuple[Any, ...], EdgeCost] = {}
     for name, ns in table.nodes.items():
         node = fx_nodes[name]
-        compute[name] = np.array([compute_model.time_us(ns, node, s) for s in ns.strategies])
+        key = (id(ns.strategies), ns.op, ns.kind, ns.in_tensors, ns.out_tensors, _static(node))
+        if key not in compute_cache:
+            compute_cache[key] = np.array(
+                [compute_model.time_us(ns, node, s) for s in ns.strategies]
+            )
+        compute[name] = compute_cache[key]
         for slot, ref in enumerate(ns.inputs):
             producer = table.nodes[ref.node]
-            edges.append(
-                edge_cost(
+            ekey = (
+                id(producer.strategies),
+                ref.index,
+                id(ns.strategies),
+                slot,
+                ns.in_tensors[slot],
+            )
+            cached = edge_cache.get(ekey)
+            if cached is None:
+                cached = edge_cache[ekey] = edge_cost(
                     redist,
                     ref.node,
                     ref.index,
@@ -117,7 +139,7 @@ def price(
                     [s.ins[slot] for s in ns.strategies],
                     ns.in_tensors[slot],
                 )
-            )
+            edges.append(replace(cached, src=ref.node, dst=name))
     memory: dict[str, np.ndarray] = {}
     for fqn, pname in zip(traced.param_fqns, traced.params, strict=True):
         ns = table.nodes[pname]

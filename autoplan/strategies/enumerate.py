@@ -135,6 +135,8 @@ class _Enumerator:
         self.mesh = mesh
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: dict[str, NodeStrategies] = {}
+        self.candidates: dict[str, list[Placements]] = {}
+        self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
         self.fallback: dict[str, None] = {}
         self.kinds = {n: "param" for n in traced.params}
         self.kinds |= {n: "buffer" for n in traced.buffers}
@@ -187,15 +189,22 @@ class _Enumerator:
         in_nodes = [a for a in _flat_args(node) if isinstance(a.meta.get("val"), torch.Tensor)]
         inputs = tuple(InputRef(a.name, 0) for a in in_nodes)
         in_infos = tuple(_tensor_info(a.meta["val"]) for a in in_nodes)
-        strategies, fallback = self._op_strategies(node, in_nodes, out_infos)
+        # Identical layers ask identical questions: answer each once per run.
+        key = (
+            node.target,
+            repr(_map_tensors((node.args, node.kwargs), lambda n: "T")),
+            in_infos,
+            out_infos,
+            tuple(tuple(self._candidates(a)) for a in in_nodes),
+        )
+        cached = self.cache.get(key)
+        if cached is None:
+            found, flag = self._strategies_uncached(node, in_nodes, in_infos, out_infos)
+            # one shared tuple per answer: later stages key their caches on it
+            cached = self.cache[key] = (tuple(dict.fromkeys(found)), flag)
+        strategies, fallback = cached
         if fallback:
             self.fallback[str(node.target)] = None
-        strategies = self._valid(strategies, in_infos, out_infos)
-        if not self._strided_ok(node):
-            strategies = [s for s in strategies if not has_strided(s)]
-        if not strategies:
-            strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
-            fallback = True
         return NodeStrategies(
             name=node.name,
             op=str(node.target),
@@ -203,11 +212,27 @@ class _Enumerator:
             inputs=inputs,
             in_tensors=in_infos,
             out_tensors=out_infos,
-            strategies=tuple(dict.fromkeys(strategies)),
+            strategies=strategies,
             fallback=fallback,
             free=node.target in FREE_OPS,
             pointwise=torch.Tag.pointwise in node.target.tags,
         )
+
+    def _strategies_uncached(
+        self,
+        node: fx.Node,
+        in_nodes: list[fx.Node],
+        in_infos: tuple[TensorInfo | None, ...],
+        out_infos: tuple[TensorInfo | None, ...],
+    ) -> tuple[list[Strategy], bool]:
+        strategies, fallback = self._op_strategies(node, in_nodes, out_infos)
+        strategies = self._valid(strategies, in_infos, out_infos)
+        if not self._strided_ok(node):
+            strategies = [s for s in strategies if not has_strided(s)]
+        if not strategies:
+            strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
+            fallback = True
+        return strategies, fallback
 
     def _getitem(self, node: fx.Node) -> NodeStrategies:
         parent, index = node.args
@@ -231,13 +256,15 @@ class _Enumerator:
         )
 
     def _candidates(self, arg: fx.Node) -> list[Placements]:
-        src = self.nodes[arg.name]
-        seen: dict[Placements, None] = {}
-        for s in src.strategies:
-            p = s.outs[0]
-            if p is not None:
-                seen[p] = None
-        return list(seen)
+        found = self.candidates.get(arg.name)
+        if found is None:
+            seen: dict[Placements, None] = {}
+            for s in self.nodes[arg.name].strategies:
+                p = s.outs[0]
+                if p is not None:
+                    seen[p] = None
+            found = self.candidates[arg.name] = list(seen)
+        return found
 
     def _op_strategies(
         self, node: fx.Node, in_nodes: list[fx.Node], out_infos: tuple[TensorInfo | None, ...]
