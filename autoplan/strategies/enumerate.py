@@ -307,6 +307,16 @@ class _Enumerator:
         return out
 
     def _from_op_strategy(self, node: fx.Node, num_outs: int) -> list[Strategy]:
+        if node.args and isinstance(node.args[0], (list, tuple)):
+            # cat/stack: DTensor picks one placement for the whole list; ask once
+            # per candidate, every listed tensor in that candidate placement.
+            out: list[Strategy] = []
+            for cand in self._candidates(node.args[0][0]):
+                try:
+                    out.extend(self._call_op_strategy(node, num_outs, ("*", cand)))
+                except Exception:
+                    continue
+            return out
         try:
             return self._call_op_strategy(node, num_outs, None)
         except Exception:
@@ -327,11 +337,12 @@ class _Enumerator:
     ) -> list[Strategy]:
         def to_strategy(n: fx.Node) -> OpStrategy:
             meta = _meta(n.meta["val"])
-            cands = [pin[1]] if pin is not None and pin[0] == n.name else self._candidates(n)
+            pinned = pin is not None and pin[0] in (n.name, "*")
+            cands = [pin[1]] if pinned else self._candidates(n)
             return OpStrategy([OpSpec(DTensorSpec(self.mesh, p, tensor_meta=meta)) for p in cands])
 
-        args = _map_tensors(node.args, to_strategy)
-        kwargs = _map_tensors(node.kwargs, to_strategy)
+        args = tuple(_tuple_strategy(a) for a in _map_tensors(node.args, to_strategy))
+        kwargs = {k: _tuple_strategy(v) for k, v in _map_tensors(node.kwargs, to_strategy).items()}
         schema = OpSchema(node.target, tuple(args), kwargs, schema_info=schema_info(node.target))
         result = op_strategy(node.target, schema)
         if isinstance(result, TupleStrategy):
@@ -385,6 +396,13 @@ def _map_tensors(obj: Any, fn: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return obj
+
+
+def _tuple_strategy(arg: Any) -> Any:
+    """A list of tensors becomes a TupleStrategy, as DTensor's dispatcher wraps it."""
+    if isinstance(arg, (list, tuple)) and arg and all(isinstance(x, OpStrategy) for x in arg):
+        return TupleStrategy(tuple(arg))
+    return arg
 
 
 def _from_spec(spec: OpSpec, num_outs: int) -> Strategy:
