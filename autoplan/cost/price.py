@@ -98,8 +98,12 @@ def price(
     topology: Topology,
     *,
     optimizer_states: int = 2,
+    cache: bool = True,
 ) -> CostTable:
-    """Price compute, redistribution and memory for every candidate in ``table``."""
+    """Price compute, redistribution and memory for every candidate in ``table``.
+
+    ``cache=False`` prices every node and edge afresh instead of reusing a twin's.
+    """
     mesh_shape = table.mesh_shape
     compute_model = ComputeModel(topology.device, mesh_shape)
     redist = RedistributeModel(mesh_shape, CollectiveModel(topology))
@@ -113,7 +117,7 @@ def price(
     for name, ns in table.nodes.items():
         node = fx_nodes[name]
         key = (id(ns.strategies), ns.op, ns.kind, ns.in_tensors, ns.out_tensors, _static(node))
-        if key not in compute_cache:
+        if key not in compute_cache or not cache:
             compute_cache[key] = np.array(
                 [compute_model.time_us(ns, node, s) for s in ns.strategies]
             )
@@ -127,7 +131,7 @@ def price(
                 slot,
                 ns.in_tensors[slot],
             )
-            cached = edge_cache.get(ekey)
+            cached = edge_cache.get(ekey) if cache else None
             if cached is None:
                 cached = edge_cache[ekey] = edge_cost(
                     redist,

@@ -37,6 +37,7 @@ from torch.distributed.tensor.placement_types import (
     Placement,
     Replicate,
     Shard,
+    _MaskPartial,
     _StridedShard,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -61,6 +62,8 @@ __all__ = [
     "fill_placeholders",
     "has_op_strategy",
     "init_fake_process_group",
+    "is_masked_partial",
+    "masked_partial_key",
     "op_strategy",
     "single_dim_rules",
 ]
@@ -118,6 +121,17 @@ def fill_placeholders(
     """Replace placeholders by ``Shard(d)`` and by ``_StridedShard(d, sf)`` for each split
     factor ``sf`` among the ``seen`` input placements (DTensor's own expansion)."""
     return _fill_single_dim_strategy_placeholders(seen | {Shard(0)}, rules)
+
+
+def is_masked_partial(p: Placement) -> bool:
+    """The vocab-parallel embedding's partial (a sum with a mask step before it)."""
+    return isinstance(p, _MaskPartial)
+
+
+def masked_partial_key(p: Placement) -> tuple[object, ...]:
+    """What identifies a masked partial, without its per-instance mask buffer."""
+    assert isinstance(p, _MaskPartial)
+    return (p.reduce_op, tuple(p.offset_shape or ()), p.offset_dim)
 
 
 def has_op_strategy(op: torch._ops.OpOverload) -> bool:

@@ -49,6 +49,8 @@ from autoplan.strategies.dtensor import (
     einsum_rules,
     fill_placeholders,
     has_op_strategy,
+    is_masked_partial,
+    masked_partial_key,
     op_strategy,
     schema_info,
     single_dim_rules,
@@ -129,13 +131,17 @@ def _placeholder_candidates(info: TensorInfo, mesh_shape: Sequence[int]) -> list
 class _Enumerator:
     """Walks the graph once; owns the per-run lookups."""
 
-    def __init__(self, traced: TracedGraph, mesh: DeviceMesh, strided: bool) -> None:
+    def __init__(
+        self, traced: TracedGraph, mesh: DeviceMesh, strided: bool, use_cache: bool = True
+    ) -> None:
         self.traced = traced
+        self.use_cache = use_cache
         self.strided = strided
         self.mesh = mesh
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: dict[str, NodeStrategies] = {}
         self.candidates: dict[str, list[Placements]] = {}
+        self.masked: dict[tuple[Any, ...], Placement] = {}
         self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
         self.fallback: dict[str, None] = {}
         self.kinds = {n: "param" for n in traced.params}
@@ -197,7 +203,7 @@ class _Enumerator:
             out_infos,
             tuple(tuple(self._candidates(a)) for a in in_nodes),
         )
-        cached = self.cache.get(key)
+        cached = self.cache.get(key) if self.use_cache else None
         if cached is None:
             found, flag = self._strategies_uncached(node, in_nodes, in_infos, out_infos)
             # one shared tuple per answer: later stages key their caches on it
@@ -365,8 +371,25 @@ class _Enumerator:
             if all(
                 p is None or i is None or is_even(i.shape, p, self.mesh_shape) for p, i in pairs
             ):
-                kept.append(s)
+                kept.append(self._canonical(s))
         return kept
+
+    def _canonical(self, s: Strategy) -> Strategy:
+        """One object per distinct masked partial, so placements compare by value.
+
+        DTensor's ``_MaskPartial`` carries a per-instance mask buffer that takes
+        part in equality; two embeddings' partials would otherwise never match.
+        """
+
+        def canon(ps: Placements | None) -> Placements | None:
+            if ps is None or not any(is_masked_partial(p) for p in ps):
+                return ps
+            return tuple(
+                self.masked.setdefault(masked_partial_key(p), p) if is_masked_partial(p) else p
+                for p in ps
+            )
+
+        return Strategy(outs=tuple(map(canon, s.outs)), ins=tuple(map(canon, s.ins)))
 
 
 def _flat_args(node: fx.Node) -> list[fx.Node]:
@@ -437,13 +460,14 @@ def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> St
 
 
 def enumerate_strategies(
-    traced: TracedGraph, mesh: DeviceMesh, *, mm_mode: str = "einsum"
+    traced: TracedGraph, mesh: DeviceMesh, *, mm_mode: str = "einsum", cache: bool = True
 ) -> StrategyTable:
     """Candidate strategies for every node of ``traced`` on ``mesh``.
 
     ``_StridedShard`` placements are offered only with ``mm_mode="native"``,
     on views (which produce them when flattening a dim sharded on two axes)
     and on the mm family (which DTensor's single-dim rules expand with the
-    split factors seen on their inputs).
+    split factors seen on their inputs). ``cache=False`` re-derives every
+    node's strategies instead of reusing a twin's (for checking the cache).
     """
-    return _Enumerator(traced, mesh, strided=mm_mode == "native").run()
+    return _Enumerator(traced, mesh, strided=mm_mode == "native", use_cache=cache).run()
