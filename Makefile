@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint bench clean
+.PHONY: plan test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/pytest -q -m "not slow"
+
+test-slow: lint
+	$(VENV)/bin/pytest -q -m slow
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py

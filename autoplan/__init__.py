@@ -2,13 +2,25 @@
 
 Public API: :func:`plan` finds a sharding plan for a model over a device
 mesh; :class:`Plan` holds it; :class:`PlanConfig` configures planning;
-:func:`fake_mesh` makes a planning mesh of any size on one CPU.
+:func:`fake_mesh` makes a planning mesh of any size on one CPU;
+:func:`parallelize` places a model's parameters per a plan on a real mesh.
 """
 
+from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Device, Topology
 from autoplan.mesh import fake_mesh
 from autoplan.plan import Plan
 from autoplan.planner import plan
 
-__all__ = ["Device", "Plan", "PlanConfig", "Topology", "fake_mesh", "plan"]
+__all__ = [
+    "Device",
+    "Plan",
+    "PlanConfig",
+    "Topology",
+    "fake_mesh",
+    "full_gradients",
+    "parallelize",
+    "plan",
+    "shard_inputs",
+]
