@@ -47,9 +47,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import Graph, GraphModule, Node
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+from autoplan.strategies.dtensor import FakeTensor, FakeTensorMode, extract_tensor_metadata
 
 __all__ = ["RewriteStats", "rewrite_linear_to_einsum"]
 
@@ -266,7 +266,7 @@ def _set_val(einsum: Node, *, had_tensor_meta: bool) -> None:
         val = aten.einsum.default(equation, vals)
     einsum.meta["val"] = val
     if had_tensor_meta:
-        einsum.meta["tensor_meta"] = _extract_tensor_metadata(val)
+        einsum.meta["tensor_meta"] = extract_tensor_metadata(val)
 
 
 def _is_fake_of(val: torch.Tensor, mode: FakeTensorMode) -> bool:

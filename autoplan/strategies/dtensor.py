@@ -40,6 +40,7 @@ from torch.distributed.tensor.placement_types import (
     _MaskPartial,
     _StridedShard,
 )
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "TupleStrategy",
     "_StridedShard",
     "einsum_rules",
+    "extract_tensor_metadata",
     "fill_placeholders",
     "has_op_strategy",
     "init_fake_process_group",
@@ -69,6 +71,7 @@ __all__ = [
 ]
 
 ShardingPlaceholder = _ShardingPlaceholder
+extract_tensor_metadata = _extract_tensor_metadata
 aten = torch.ops.aten
 
 # Attention ops a CPU trace produces. DTensor has rules only for the GPU
