@@ -88,3 +88,27 @@ def test_op_without_rule_falls_back_to_replicate_with_a_warning():
     for name in table.fallback_ops:
         nodes = [n for n in table.nodes.values() if n.op == name]
         assert all(fmt(s.outs[0]) == "R" for n in nodes for s in n.strategies)
+
+
+def test_strided_variants_appear_exactly_when_an_input_carries_one(llama_traced):
+    """An mm offers _StridedShard strategies iff one of its inputs may arrive strided."""
+    table = _table(llama_traced, "native")
+    checked = 0
+    for n in table.nodes.values():
+        if n.op != "aten.mm.default":
+            continue
+        fed_strided = any(
+            has_strided_placement(s.outs[ref.index])
+            for ref in n.inputs
+            for s in table.nodes[ref.node].strategies
+        )
+        offers = any(has_strided(s) for s in n.strategies)
+        assert offers == fed_strided, n.name
+        checked += 1
+    assert checked >= 8
+
+
+def has_strided_placement(placements) -> bool:
+    from autoplan.strategies.dtensor import _StridedShard
+
+    return placements is not None and any(isinstance(p, _StridedShard) for p in placements)
