@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = [
     "configs/llama3_8b_2l.yaml:einsum:cbc",
     "configs/llama3_8b_2l.yaml:einsum:highs",
-    "configs/llama3_8b_2l.yaml:native:cbc",
+    "configs/llama3_8b_2l.yaml:native:highs",
     "configs/llama3_8b.yaml:einsum:cbc",
-    "configs/llama3_8b.yaml:native:cbc",
 ]
 PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
 
