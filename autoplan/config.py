@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import torch
+
 from autoplan.cost.topology import Topology
 
 MM_MODES = ("einsum", "native")
 SOLVERS = ("cbc", "highs")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,13 @@ class PlanConfig:
     """Per-device GiB for parameters + gradients + optimizer state; None = no limit."""
     optimizer_states: int = 2
     """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""
+    param_dtype: str | None = None
+    """Mixed precision like FSDP2's MixedPrecisionPolicy: parameters are all-gathered
+    and computed in this dtype (``"bfloat16"``, ``"float16"``, ``"float32"``);
+    None = the model's own dtype. Master weights, gradients and optimizer state
+    stay float32 and are counted at 4 bytes."""
+    reduce_dtype: str | None = None
+    """Dtype gradients are reduced in (priced at its size); None = the gradient's dtype."""
     solver: str = "cbc"
     """MILP solver: ``"cbc"`` (ships with PuLP) or ``"highs"`` (needs highspy)."""
     time_limit_s: float | None = 300.0
@@ -60,6 +70,10 @@ class PlanConfig:
             raise ValueError(
                 f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
             )
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"{name} ({value!r}) must be one of {', '.join(DTYPES)}, or None.")
         if self.solver not in SOLVERS:
             raise ValueError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
         if self.time_limit_s is not None and (
@@ -72,6 +86,16 @@ class PlanConfig:
             raise ValueError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
         if not isinstance(self.topology, Topology):
             raise ValueError(f"topology ({self.topology!r}) must be an autoplan Topology.")
+
+    @property
+    def param_torch_dtype(self) -> torch.dtype | None:
+        return None if self.param_dtype is None else DTYPES[self.param_dtype]
+
+    @property
+    def reduce_dtype_bytes(self) -> int | None:
+        if self.reduce_dtype is None:
+            return None
+        return DTYPES[self.reduce_dtype].itemsize
 
     @property
     def memory_budget_bytes(self) -> float | None:

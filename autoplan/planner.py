@@ -118,7 +118,7 @@ def plan(
     config = config or PlanConfig()
     timings: dict[str, float] = {}
     done = _timed(timings, "trace", progress)
-    traced = trace_joint(model, input_fn, loss_fn=loss_fn)
+    traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=config.param_torch_dtype)
     done()
     done = _timed(timings, "rewrite", progress)
     traced, _ = rewrite(traced, mm_mode=config.mm_mode)
@@ -129,7 +129,14 @@ def plan(
     allowed = _constrain(table, traced.inputs, input_placements, "input_placements")
     allowed |= _constrain(table, [traced.loss], output_placements, "output_placements")
     done = _timed(timings, "cost", progress)
-    costs = price(table, traced, config.topology, optimizer_states=config.optimizer_states)
+    costs = price(
+        table,
+        traced,
+        config.topology,
+        optimizer_states=config.optimizer_states,
+        master_bytes=4 if config.param_dtype is not None else None,
+        reduce_bytes=config.reduce_dtype_bytes,
+    )
     done()
     base = _plan_fields(traced, table, config, timings)
     budget = config.memory_budget_bytes

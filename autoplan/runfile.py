@@ -9,7 +9,7 @@ Schema::
     model:    {name: llama3 | mlp, args: {...ModelArgs / TinyMLP fields}}
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
-    plan:     {mm_mode, memory_budget_gib, solver, time_limit_s, mip_gap,
+    plan:     {mm_mode, memory_budget_gib, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
                optimizer_states, collapse_followers, cluster_layers}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
 """

@@ -69,9 +69,12 @@ class TracedGraph:
         raise KeyError(name)
 
 
-def _to_fake(t: torch.Tensor, mode: FakeTensorMode, requires_grad: bool) -> torch.Tensor:
+def _to_fake(
+    t: torch.Tensor, mode: FakeTensorMode, requires_grad: bool, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
     with mode:
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        out = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="cpu")
     return out.requires_grad_(requires_grad)
 
 
@@ -92,12 +95,15 @@ def trace_joint(
     input_fn: Callable[[], Any],
     *,
     loss_fn: LossFn | None = None,
+    param_dtype: torch.dtype | None = None,
 ) -> TracedGraph:
     """Trace ``loss_fn(model(*input_fn()))`` and its gradients into one aten graph.
 
     No real memory is used: parameters, buffers and inputs become fake tensors
     of the same shape, dtype and stride. ``input_fn`` is called under the fake
     mode, so ``torch.randint(...)`` in it allocates nothing either.
+    ``param_dtype`` traces floating parameters in that dtype, as FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
     """
     loss_fn = loss_fn or mean_loss
     start = time.perf_counter()
@@ -106,7 +112,7 @@ def trace_joint(
     named_buffers = list(model.named_buffers())
     param_fqns = tuple(n for n, _ in named_params)
     buffer_fqns = tuple(n for n, _ in named_buffers)
-    params = [_to_fake(p, mode, True) for _, p in named_params]
+    params = [_to_fake(p, mode, True, param_dtype) for _, p in named_params]
     buffers = [_to_fake(b, mode, False) for _, b in named_buffers]
     with mode:
         inputs = _example_inputs(input_fn)
@@ -116,6 +122,8 @@ def trace_joint(
         ps: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
         state = dict(zip(param_fqns, ps, strict=True)) | dict(zip(buffer_fqns, bs, strict=True))
+        if param_dtype is not None:  # FSDP2 casts floating inputs too (cast_forward_inputs)
+            xs = [x.to(param_dtype) if x.is_floating_point() else x for x in xs]
         loss = loss_fn(functional_call(model, state, tuple(xs)))
         grads = torch.autograd.grad(loss, list(ps), allow_unused=True)
         return loss, grads

@@ -99,10 +99,16 @@ def price(
     *,
     optimizer_states: int = 2,
     cache: bool = True,
+    master_bytes: int | None = None,
+    reduce_bytes: int | None = None,
 ) -> CostTable:
     """Price compute, redistribution and memory for every candidate in ``table``.
 
     ``cache=False`` prices every node and edge afresh instead of reusing a twin's.
+    Mixed precision: ``master_bytes`` is the element size of the master weight,
+    gradient and optimizer state (4 for float32 masters; default: the traced
+    parameter's), ``reduce_bytes`` the element size gradients are reduced in
+    (default: the gradient's).
     """
     mesh_shape = table.mesh_shape
     compute_model = ComputeModel(topology.device, mesh_shape)
@@ -149,10 +155,10 @@ def price(
         ns = table.nodes[pname]
         info = ns.out_tensors[0]
         assert info is not None
+        elem = master_bytes or info.dtype_bytes
         memory[pname] = np.array(
             [
-                placements_bytes(info.shape, info.dtype_bytes, s.outs[0], mesh_shape)
-                * (2 + optimizer_states)
+                placements_bytes(info.shape, elem, s.outs[0], mesh_shape) * (2 + optimizer_states)
                 for s in ns.strategies
             ],
             dtype=np.float64,
@@ -169,7 +175,7 @@ def price(
                     GRAD_SLOT,
                     [s.outs[0] for s in g.strategies],
                     [s.outs[0] for s in ns.strategies],
-                    info,
+                    replace(info, dtype_bytes=reduce_bytes) if reduce_bytes else info,
                 )
             )
     return CostTable(compute=compute, edges=tuple(edges), memory=memory)
