@@ -105,6 +105,22 @@ def has_strided(s: Strategy) -> bool:
     )
 
 
+def _strided_after_shard(placements: Placements) -> bool:
+    """A dim sharded on one axis and strided-sharded on a later one.
+
+    torch 2.13's view rules mis-propagate this layout (the values they claim
+    for the output are not the ones the shards hold: see
+    tests/test_strategy_execution.py), so views do not accept it.
+    """
+    seen: set[int] = set()
+    for p in placements:
+        if isinstance(p, _StridedShard) and p.dim in seen:
+            return True
+        if isinstance(p, (Shard, _StridedShard)):
+            seen.add(p.dim)
+    return False
+
+
 def _tensor_info(val: Any) -> TensorInfo | None:
     if not isinstance(val, torch.Tensor):
         return None
@@ -235,6 +251,8 @@ class _Enumerator:
         strategies = self._valid(strategies, in_infos, out_infos)
         if not self._strided_ok(node):
             strategies = [s for s in strategies if not has_strided(s)]
+        elif node.target in FREE_OPS:
+            strategies = [s for s in strategies if not any(map(_strided_after_shard, s.ins))]
         if not strategies:
             strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True
