@@ -24,3 +24,22 @@ def test_8b_two_layers_tight_budget_shards_every_large_weight():
     for fqn, placements in plan.param_placements.items():
         if param_kind(fqn) in BIG:
             assert placements != (Replicate(), Replicate()), fqn
+
+
+def test_8b_einsum_mode_leaves_no_linear_mm():
+    """On LLaMA3-8B (2 layers) every projection, forward and both backward products, is an einsum."""
+    import torch
+
+    from autoplan.models.llama3 import Transformer, llama3_8b
+    from autoplan.rewrite import rewrite
+    from autoplan.trace import trace_joint
+
+    with torch.device("meta"):
+        model = Transformer(llama3_8b(2))
+    traced, stats = rewrite(
+        trace_joint(model, lambda: torch.randint(0, 128256, (16, 8192))), mm_mode="einsum"
+    )
+    targets = [str(n.target) for n in traced.gm.graph.nodes]
+    assert (stats.forward, stats.grad_input, stats.grad_weight, stats.skipped) == (15, 15, 15, 0)
+    assert "aten.mm.default" not in targets
+    assert targets.count("aten.einsum.default") == 45
