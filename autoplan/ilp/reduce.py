@@ -58,15 +58,17 @@ def _follow_map(in_edge: EdgeCost, compute_v: np.ndarray, num_src: int) -> np.nd
     zero_cols: dict[int, list[int]] = {}
     for j, c in enumerate(in_edge.dst_group):
         zero_cols.setdefault(int(c), []).append(j)
-    mapping = np.empty(num_src, dtype=np.int64)
-    for i in range(num_src):
-        src_p = in_edge.src_placements[in_edge.src_group[i]]
-        col = next((c for c, p in enumerate(in_edge.dst_placements) if p == src_p), None)
-        if col is None or in_edge.cost[in_edge.src_group[i], col] != 0.0:
-            return None
-        js = zero_cols[col]
-        mapping[i] = min(js, key=lambda j: compute_v[j])
-    return mapping
+    col_of = {p: c for c, p in enumerate(in_edge.dst_placements)}
+    best_in_col = {c: min(js, key=lambda j: compute_v[j]) for c, js in zero_cols.items()}
+    row_to_j: dict[int, int] = {}
+    for r, src_p in enumerate(in_edge.src_placements):
+        col = col_of.get(src_p)
+        if col is None or in_edge.cost[r, col] != 0.0:
+            if np.any(in_edge.src_group == r):
+                return None
+            continue
+        row_to_j[r] = best_in_col[col]
+    return np.array([row_to_j[int(r)] for r in in_edge.src_group], dtype=np.int64)
 
 
 def collapse_followers(
