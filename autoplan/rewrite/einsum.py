@@ -139,6 +139,7 @@ def rewrite_linear_to_einsum(gm: GraphModule) -> RewriteStats:
     pairing = _Pairing(graph)
     counts = {"forward": 0, "grad_input": 0, "grad_weight": 0}
     reasons: list[str] = []
+    cache: dict = {}
     mms = [n for n in graph.nodes if n.op == "call_function" and n.target is aten.mm.default]
     for mm in mms:
         try:
@@ -146,7 +147,7 @@ def rewrite_linear_to_einsum(gm: GraphModule) -> RewriteStats:
         except _Skip as skip:
             reasons.append(f"{mm.name}: {skip}")
             continue
-        _apply(graph, mm, match)
+        _apply(graph, mm, match, cache)
         counts[match.kind] += 1
     graph.lint()
     gm.recompile()
@@ -222,7 +223,7 @@ def _match_grad_weight(mm: Node, lhs: Node, rhs: Node, pairing: _Pairing) -> _Ma
     )
 
 
-def _apply(graph: Graph, mm: Node, match: _Match) -> None:
+def _apply(graph: Graph, mm: Node, match: _Match, cache: dict) -> None:
     """Insert the einsum, hand it the uses of ``match.replaced``, drop dead nodes."""
     with graph.inserting_before(mm):
         einsum = graph.call_function(aten.einsum.default, (match.equation, match.operands))
@@ -230,19 +231,19 @@ def _apply(graph: Graph, mm: Node, match: _Match) -> None:
         if key in mm.meta:
             einsum.meta[key] = mm.meta[key]
     einsum.meta["autoplan_linear_id"] = match.linear_id
-    _set_val(einsum, had_tensor_meta="tensor_meta" in mm.meta)
+    _set_val(einsum, had_tensor_meta="tensor_meta" in mm.meta, cache=cache)
     for node in match.replaced:
         node.replace_all_uses_with(einsum)
         if node is not mm:
             graph.erase_node(node)
     if match.kind == "grad_weight":
-        _absorb_transposes(graph, einsum)
+        _absorb_transposes(graph, einsum, cache)
     for node in dict.fromkeys(match.dead):  # x.T @ x names one flatten twice
         if not node.users:
             graph.erase_node(node)
 
 
-def _absorb_transposes(graph: Graph, einsum: Node) -> None:
+def _absorb_transposes(graph: Graph, einsum: Node, cache: dict) -> None:
     """Fold ``t(einsum(... -> pq))`` into ``einsum(... -> qp)`` while it is the only user."""
     while len(einsum.users) == 1:
         (user,) = einsum.users
@@ -250,20 +251,27 @@ def _absorb_transposes(graph: Graph, einsum: Node) -> None:
             return
         inputs, out = einsum.args[0].split("->")
         einsum.args = (f"{inputs}->{out[::-1]}", einsum.args[1])
-        _set_val(einsum, had_tensor_meta="tensor_meta" in einsum.meta)
+        _set_val(einsum, had_tensor_meta="tensor_meta" in einsum.meta, cache=cache)
         user.replace_all_uses_with(einsum)
         graph.erase_node(user)
 
 
-def _set_val(einsum: Node, *, had_tensor_meta: bool) -> None:
-    """Recompute ``meta["val"]`` by running the einsum on the operands' fake values."""
+def _set_val(einsum: Node, *, had_tensor_meta: bool, cache: dict) -> None:
+    """Recompute ``meta["val"]`` by running the einsum on the operands' fake values.
+
+    Identical layers ask the same question; ``cache`` (owned by one rewrite
+    call) answers each (equation, layouts, mode) once: a fake einsum costs ms.
+    """
     equation, operands = einsum.args
     vals = [node.meta["val"] for node in operands]
     mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None) or FakeTensorMode()
-    with mode:
-        # make_fx in real mode gives each value its own fake mode; einsum needs one.
-        vals = [v if _is_fake_of(v, mode) else _empty_like(v) for v in vals]
-        val = aten.einsum.default(equation, vals)
+    key = (equation, id(mode), tuple((tuple(v.shape), v.stride(), v.dtype) for v in vals))
+    val = cache.get(key)
+    if val is None:
+        with mode:
+            # make_fx in real mode gives each value its own fake mode; einsum needs one.
+            vals = [v if _is_fake_of(v, mode) else _empty_like(v) for v in vals]
+            val = cache[key] = aten.einsum.default(equation, vals)
     einsum.meta["val"] = val
     if had_tensor_meta:
         einsum.meta["tensor_meta"] = extract_tensor_metadata(val)
