@@ -6,6 +6,8 @@ could be made (infeasible), 2 bad input.
     autoplan plan CONFIG.yaml [--out plan.json] [--json] [--quiet] [--mm-mode M] [--set k=v]
     autoplan compare CONFIG.yaml [--json] [--set k=v]
     autoplan collectives [--topology FILE|preset] [--json]
+    autoplan diff A.json B.json [--json]
+    autoplan validate CONFIG.yaml [--set k=v]
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
+
+import torch
 
 from autoplan.compare import compare, format_compare
 from autoplan.cost.collectives import collective_table
 from autoplan.cost.topology import Topology
+from autoplan.diff import diff_plans, format_diff
 from autoplan.mesh import fake_mesh
+from autoplan.placements import fmt, is_even
 from autoplan.plan import Plan
 from autoplan.planner import plan
 from autoplan.runfile import Run, RunFileError, load_run
@@ -91,6 +98,55 @@ def _cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_plan(path: str) -> Plan:
+    """``Plan.load`` with every failure turned into a ValueError naming the file."""
+    try:
+        return Plan.load(path)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{path}: no such plan file") from exc
+    except ValueError as exc:
+        if path in str(exc):
+            raise
+        raise ValueError(f"{path}: not a usable plan ({exc})") from exc
+    except (OSError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a plan JSON file ({exc!r})") from exc
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    result = diff_plans(_load_plan(args.a), _load_plan(args.b))
+    print(json.dumps(result, indent=1) if args.json else format_diff(result))
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    run = load_run(args.config, args.set)
+    model = run.build_model()
+    num_params = sum(p.numel() for p in model.parameters())
+    fake_mesh(run.mesh_shape, run.axis_names)
+    mesh = " x ".join(f"{n}={s}" for n, s in zip(run.axis_names, run.mesh_shape, strict=True))
+    with torch.device("meta"):
+        shape = tuple(run.input_fn()().shape)
+    for i, p in enumerate(run.input_placements):
+        if not is_even(shape, p, run.mesh_shape):
+            raise ValueError(
+                f"{run.source}: inputs.placements[{i}] = {fmt(p)} does not divide input {i} of "
+                f"shape {list(shape)} evenly on mesh {mesh}; make each sharded dim a multiple of "
+                "the mesh axes that shard it, or replicate it (R)."
+            )
+    options = {
+        f.name: getattr(run.config, f.name)
+        for f in dataclasses.fields(run.config)
+        if f.name != "topology"
+    }
+    print(f"{run.source}: OK")
+    print(f"model: {run.model_name}, {num_params:,} parameters")
+    print(f"mesh: {mesh} ({math.prod(run.mesh_shape)} devices)")
+    placed = ", ".join(fmt(p) for p in run.input_placements) or "planner's choice"
+    print(f"input: shape {list(shape)}, placements {placed}")
+    print("plan: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="autoplan", description="ILP auto-parallel planner for PyTorch."
@@ -113,6 +169,17 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("--topology", default="h100", help="preset name or topology YAML")
     pk.add_argument("--json", action="store_true")
     pk.set_defaults(func=_cmd_collectives)
+    pd = sub.add_parser("diff", help="compare two saved plans: cost deltas and changed placements")
+    pd.add_argument("a", metavar="A.json")
+    pd.add_argument("b", metavar="B.json")
+    pd.add_argument("--json", action="store_true")
+    pd.set_defaults(func=_cmd_diff)
+    pv = sub.add_parser(
+        "validate", help="check a run file, its mesh and input placements; no solve"
+    )
+    pv.add_argument("config")
+    pv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pv.set_defaults(func=_cmd_validate)
     return p
 
 

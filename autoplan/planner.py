@@ -150,7 +150,8 @@ def plan(
                 comm_us=math.nan,
                 message=(
                     f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the "
-                    f"smallest footprint any plan has on this mesh, {need / 2**30:.3f} GiB of "
+                    f"smallest footprint any plan has on this mesh, {need / 2**30:.6g} GiB "
+                    f"({need:.0f} bytes) of "
                     "parameters + gradients + optimizer state per device; raise the budget or "
                     "use a larger mesh."
                 ),
