@@ -9,16 +9,7 @@ import autoplan
 from autoplan.cost.price import GRAD_SLOT, price
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
-
-
-def _plan(model, mesh, **config):
-    return autoplan.plan(
-        model,
-        lambda: torch.randn(16, 32, 64),
-        mesh,
-        config=autoplan.PlanConfig(**config),
-        input_placements=["S(0)"],
-    )
+from tests.test_planner import _plan
 
 
 def test_memory_matches_hand_arithmetic_fsdp_and_ddp(meta_mlp, mesh8):
