@@ -23,13 +23,12 @@ import torch
 
 from autoplan.compare import compare, format_compare
 from autoplan.cost.collectives import collective_table
-from autoplan.cost.topology import Topology
 from autoplan.diff import diff_plans, format_diff
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt, is_even
 from autoplan.plan import Plan
 from autoplan.planner import plan
-from autoplan.runfile import Run, RunFileError, load_run
+from autoplan.runfile import Run, RunFileError, load_run, load_topology
 
 
 def _progress(quiet: bool) -> object:
@@ -77,15 +76,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_collectives(args: argparse.Namespace) -> int:
-    topo_arg = args.topology
-    if topo_arg.endswith((".yaml", ".yml")):
-        import yaml
-
-        with open(topo_arg) as f:
-            topology = Topology.from_dict(yaml.safe_load(f), source=topo_arg)
-    else:
-        topology = Topology.preset(topo_arg)
-    rows = collective_table(topology)
+    rows = collective_table(load_topology(args.topology))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

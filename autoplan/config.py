@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from autoplan.cost.topology import Topology
+from autoplan.ilp.solve import SOLVERS
 
 MM_MODES = ("einsum", "native")
-SOLVERS = ("cbc", "highs")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -59,7 +59,7 @@ def _constrain(
         return allowed
     if len(specs) != len(names):
         raise ValueError(
-            f"{what} lists {len(specs)} placements but the model has {len(names)}; give one per {what[:-11]}."
+            f"{what} lists {len(specs)} placements but the model has {len(names)}; give one per {what.removesuffix('_placements')}."
         )
     num_axes = len(table.mesh_shape)
     for i, (name, spec) in enumerate(zip(names, specs, strict=True)):
@@ -161,8 +161,15 @@ def plan(
     keep = set(allowed)
     reduction = collapse_followers(table, costs, keep=keep) if config.collapse_followers else None
     ilp_costs = reduction.costs if reduction is not None else costs
-    tie = cluster(ilp_costs).rep if config.cluster_layers else None
-    model_ilp = build_ilp(ilp_costs, allowed=allowed, memory_budget_bytes=budget, tie=tie)
+    clustering = cluster(ilp_costs) if config.cluster_layers else None
+    tie = clustering.rep if clustering is not None else None
+    model_ilp = build_ilp(
+        ilp_costs,
+        allowed=allowed,
+        memory_budget_bytes=budget,
+        tie=tie,
+        edge_keys=clustering.edge_keys if clustering is not None else None,
+    )
     done()
     done = _timed(timings, "solve", progress)
     solution = solve(

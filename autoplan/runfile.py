@@ -189,7 +189,7 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
         except ValueError as exc:
             raise RunFileError(f"{source}: inputs.placements: {exc}") from exc
 
-    topology = _topology(raw.get("topology"), source)
+    topology = load_topology(raw.get("topology"), source)
     plan = _section(
         raw,
         "plan",
@@ -203,7 +203,8 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
     return Run(source, name, args, batch, seq, placements, shape_t, tuple(names), config)
 
 
-def _topology(value: Any, source: str) -> Topology:
+def load_topology(value: Any, source: str = "--topology") -> Topology:
+    """A topology from a preset name, a mapping, or a topology YAML path."""
     if value is None:
         return Topology()
     try:

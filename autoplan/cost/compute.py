@@ -28,6 +28,7 @@ from torch import fx
 import autoplan.cost.flops  # noqa: F401  (registers the einsum FLOP formula)
 from autoplan.cost.flops import op_flops
 from autoplan.cost.topology import Device
+from autoplan.graph import map_args, static_args
 from autoplan.placements import Placements, local_shape, num_elements
 from autoplan.strategies.table import NodeStrategies, Strategy
 
@@ -88,20 +89,17 @@ class ComputeModel:
         out_shapes: list[tuple[int, ...] | None],
     ) -> int:
         op = _FLOP_ALIASES.get(node.target, node.target)
-        key = (op, tuple(in_shapes), tuple(out_shapes), _static_args(node))
+        key = (op, tuple(in_shapes), tuple(out_shapes), static_args(node))
         cached = self._flops.get(key)
         if cached is not None:
             return cached
         shapes = iter(in_shapes)
 
         def meta_like(n: fx.Node) -> Any:
-            val = n.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                return torch.empty(next(shapes), dtype=val.dtype, device="meta")
-            return val
+            return torch.empty(next(shapes), dtype=n.meta["val"].dtype, device="meta")
 
-        args = _map_nodes(node.args, meta_like)
-        kwargs = _map_nodes(dict(node.kwargs), meta_like)
+        args = map_args(node.args, meta_like)
+        kwargs = map_args(dict(node.kwargs), meta_like)
         outs = [None if s is None else torch.empty(s, device="meta") for s in out_shapes]
         out = outs[0] if len(outs) == 1 else tuple(outs)
         try:
@@ -110,22 +108,6 @@ class ComputeModel:
             flops = 0
         self._flops[key] = flops
         return flops
-
-
-def _static_args(node: fx.Node) -> str:
-    return repr([a for a in node.args if not isinstance(a, (fx.Node, list, tuple))])
-
-
-def _map_nodes(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, fx.Node):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        return tuple(_map_nodes(x, fn) for x in obj)
-    if isinstance(obj, list):
-        return [_map_nodes(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _map_nodes(v, fn) for k, v in obj.items()}
-    return obj
 
 
 def placements_bytes(

@@ -68,10 +68,6 @@ def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Plac
     return group, tuple(index)  # type: ignore[arg-type]
 
 
-def _static(node: fx.Node) -> str:
-    return repr([a for a in node.args if not isinstance(a, (fx.Node, list, tuple))])
-
-
 def edge_cost(
     redist: RedistributeModel,
     src: str,
@@ -122,7 +118,8 @@ def price(
     edge_cache: dict[tuple[Any, ...], EdgeCost] = {}
     for name, ns in table.nodes.items():
         node = fx_nodes[name]
-        key = (id(ns.strategies), ns.op, ns.kind, ns.in_tensors, ns.out_tensors, _static(node))
+        # A shared strategy tuple implies the same op, arguments and tensors.
+        key = (id(ns.strategies),)
         if key not in compute_cache or not cache:
             compute_cache[key] = np.array(
                 [compute_model.time_us(ns, node, s) for s in ns.strategies]

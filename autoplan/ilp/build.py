@@ -59,9 +59,15 @@ class _Builder:
     """Builds the ILP; nodes tied by ``rep`` share one set of variables."""
 
     def __init__(
-        self, costs: CostTable, allowed: Mapping[str, np.ndarray], rep: Mapping[str, str]
+        self,
+        costs: CostTable,
+        allowed: Mapping[str, np.ndarray],
+        rep: Mapping[str, str],
+        edge_keys: Mapping[int, str],
     ) -> None:
         self.costs = costs
+        self.edge_keys = edge_keys
+        self.tied = any(v != r for v, r in rep.items())
         self.rep = dict(rep)
         self.allowed: dict[str, np.ndarray] = {}
         self.linear: dict[str, np.ndarray] = {}
@@ -150,7 +156,9 @@ class _Builder:
         # count them once, weighted by how many there are.
         grouped: dict[tuple[str, str, str], list[EdgeCost]] = {}
         for e in self.costs.edges:
-            key = (self.rep[e.src], self.rep[e.dst], edge_key(e))
+            # Untied edges never share variables: no need to hash their prices.
+            price_key = self.edge_keys.get(id(e)) or (edge_key(e) if self.tied else str(id(e)))
+            key = (self.rep[e.src], self.rep[e.dst], price_key)
             grouped.setdefault(key, []).append(e)
         # Fold first (it may remove strategies), then create node variables.
         pending = [(es[0], len(es)) for es in grouped.values() if not self._fold(es[0], len(es))]
@@ -231,18 +239,20 @@ def build_ilp(
     allowed: Mapping[str, np.ndarray] | None = None,
     memory_budget_bytes: float | None = None,
     tie: Mapping[str, str] | None = None,
+    edge_keys: Mapping[int, str] | None = None,
 ) -> IlpModel:
     """Build the ILP of the module docstring for ``costs``.
 
     ``allowed[v]`` masks node v's strategies (user placement constraints);
     missing nodes allow all. ``tie[v] = r`` makes v use r's variables (see
     :mod:`autoplan.ilp.cluster`): tied nodes must have the same strategy list.
+    ``edge_keys`` are the clustering's edge price keys, so they are hashed once.
     """
     mask = {v: np.isfinite(c) for v, c in costs.compute.items()}
     for v, a in (allowed or {}).items():
         if v in mask:
             mask[v] = mask[v] & np.asarray(a, dtype=bool)
-    b = _Builder(costs, mask, tie or {})
+    b = _Builder(costs, mask, tie or {}, edge_keys or {})
     b.add_edges()
     b.add_memory(memory_budget_bytes)
     b.set_objective()

@@ -31,9 +31,11 @@ from autoplan.cost.price import CostTable, EdgeCost
 
 @dataclass(frozen=True)
 class Clustering:
-    """``rep[v]`` is the representative of v's class (v itself when alone)."""
+    """``rep[v]`` is the representative of v's class (v itself when alone);
+    ``edge_keys[id(e)]`` the price key of each edge, for the ILP builder to reuse."""
 
     rep: dict[str, str]
+    edge_keys: dict[int, str]
 
     @property
     def num_classes(self) -> int:
@@ -97,4 +99,4 @@ def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
     rep = {}
     for v in costs.compute:  # graph order: the earliest member represents its class
         rep[v] = first.setdefault(label[v], v)
-    return Clustering(rep)
+    return Clustering(rep, keys)

@@ -64,9 +64,7 @@ def _follow_map(in_edge: EdgeCost, compute_v: np.ndarray, num_src: int) -> np.nd
     for r, src_p in enumerate(in_edge.src_placements):
         col = col_of.get(src_p)
         if col is None or in_edge.cost[r, col] != 0.0:
-            if np.any(in_edge.src_group == r):
-                return None
-            continue
+            return None  # every row stands for at least one producer strategy
         row_to_j[r] = best_in_col[col]
     return np.array([row_to_j[int(r)] for r in in_edge.src_group], dtype=np.int64)
 

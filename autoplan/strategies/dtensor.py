@@ -68,6 +68,7 @@ __all__ = [
     "masked_partial_key",
     "op_strategy",
     "single_dim_rules",
+    "tensor_meta",
 ]
 
 ShardingPlaceholder = _ShardingPlaceholder
@@ -124,6 +125,11 @@ def fill_placeholders(
     """Replace placeholders by ``Shard(d)`` and by ``_StridedShard(d, sf)`` for each split
     factor ``sf`` among the ``seen`` input placements (DTensor's own expansion)."""
     return _fill_single_dim_strategy_placeholders(seen | {Shard(0)}, rules)
+
+
+def tensor_meta(val: torch.Tensor) -> TensorMeta:
+    """DTensor's metadata record of a (fake) tensor."""
+    return TensorMeta(val.shape, val.stride(), val.dtype)
 
 
 def is_masked_partial(p: Placement) -> bool:

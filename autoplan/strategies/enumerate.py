@@ -11,8 +11,8 @@ Where rules come from, in order:
    ``Shard(d)`` and with ``_StridedShard(d, sf)`` for every split factor seen on
    the candidate placements of the node's inputs, then expanded to the mesh as
    the cartesian product over axes.
-3. Ops with only a full-mesh DTensor strategy function (views, reductions):
-   called with every candidate placement of each input.
+3. Ops with only a full-mesh DTensor strategy function (views, reductions,
+   cat/stack): see :mod:`autoplan.strategies.full_mesh`.
 4. Anything else: full replication, named once in a warning.
 
 Only ``Partial("sum")`` (and the embedding's masked partial) is kept: other
@@ -32,29 +32,24 @@ from typing import Any
 import torch
 from torch import fx
 
+from autoplan.graph import map_args, static_args, tensor_args
 from autoplan.placements import Placements, is_even
 from autoplan.strategies.dtensor import (
     DeviceMesh,
-    DTensorSpec,
-    OpSchema,
-    OpSpec,
-    OpStrategy,
     Partial,
     Placement,
     Replicate,
     Shard,
-    TensorMeta,
-    TupleStrategy,
     _StridedShard,
     einsum_rules,
     fill_placeholders,
     has_op_strategy,
     is_masked_partial,
     masked_partial_key,
-    op_strategy,
-    schema_info,
     single_dim_rules,
+    tensor_meta,
 )
+from autoplan.strategies.full_mesh import full_mesh_strategies
 from autoplan.strategies.table import (
     InputRef,
     NodeStrategies,
@@ -125,10 +120,6 @@ def _tensor_info(val: Any) -> TensorInfo | None:
     if not isinstance(val, torch.Tensor):
         return None
     return TensorInfo(tuple(int(s) for s in val.shape), val.element_size(), str(val.dtype))
-
-
-def _meta(val: torch.Tensor) -> TensorMeta:
-    return TensorMeta(val.shape, val.stride(), val.dtype)
 
 
 def _keep_placement(p: Placement | None) -> bool:
@@ -208,13 +199,13 @@ class _Enumerator:
         out_infos = tuple(_tensor_info(v) for v in outs)
         if all(i is None for i in out_infos):
             return None
-        in_nodes = [a for a in _flat_args(node) if isinstance(a.meta.get("val"), torch.Tensor)]
+        in_nodes = tensor_args(node)
         inputs = tuple(InputRef(a.name, 0) for a in in_nodes)
         in_infos = tuple(_tensor_info(a.meta["val"]) for a in in_nodes)
         # Identical layers ask identical questions: answer each once per run.
         key = (
             node.target,
-            repr(_map_tensors((node.args, node.kwargs), lambda n: "T")),
+            static_args(node),
             in_infos,
             out_infos,
             tuple(tuple(self._candidates(a)) for a in in_nodes),
@@ -297,13 +288,13 @@ class _Enumerator:
         if op is aten.einsum.default:
             rules = einsum_rules(node.args[0])
             return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
-        args_meta = _map_tensors(node.args, lambda n: _meta(n.meta["val"]))
-        kwargs_meta = _map_tensors(node.kwargs, lambda n: _meta(n.meta["val"]))
+        args_meta = map_args(node.args, lambda n: tensor_meta(n.meta["val"]))
+        kwargs_meta = map_args(node.kwargs, lambda n: tensor_meta(n.meta["val"]))
         rules = single_dim_rules(op, args_meta, kwargs_meta)
         if rules is not None:
             return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
         if has_op_strategy(op):
-            return self._from_op_strategy(node, len(out_infos)), False
+            return full_mesh_strategies(node, self.mesh, self._candidates, len(out_infos)), False
         return [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)], True
 
     def _strided_ok(self, node: fx.Node) -> bool:
@@ -329,49 +320,6 @@ class _Enumerator:
             ins = tuple(tuple(t) for t in per_tensor[num_outs:])
             out.append(Strategy(outs=outs, ins=ins))
         return out
-
-    def _from_op_strategy(self, node: fx.Node, num_outs: int) -> list[Strategy]:
-        if node.args and isinstance(node.args[0], (list, tuple)):
-            # cat/stack: DTensor picks one placement for the whole list; ask once
-            # per candidate, every listed tensor in that candidate placement.
-            out: list[Strategy] = []
-            for cand in self._candidates(node.args[0][0]):
-                try:
-                    out.extend(self._call_op_strategy(node, num_outs, ("*", cand)))
-                except Exception:
-                    continue
-            return out
-        try:
-            return self._call_op_strategy(node, num_outs, None)
-        except Exception:
-            # DTensor refuses some candidates (e.g. a _StridedShard a view cannot
-            # unflatten); ask again one candidate of the first input at a time.
-            pass
-        first = next(a for a in _flat_args(node) if isinstance(a.meta.get("val"), torch.Tensor))
-        out: list[Strategy] = []
-        for cand in self._candidates(first):
-            try:
-                out.extend(self._call_op_strategy(node, num_outs, (first.name, cand)))
-            except Exception:
-                continue
-        return out
-
-    def _call_op_strategy(
-        self, node: fx.Node, num_outs: int, pin: tuple[str, Placements] | None
-    ) -> list[Strategy]:
-        def to_strategy(n: fx.Node) -> OpStrategy:
-            meta = _meta(n.meta["val"])
-            pinned = pin is not None and pin[0] in (n.name, "*")
-            cands = [pin[1]] if pinned else self._candidates(n)
-            return OpStrategy([OpSpec(DTensorSpec(self.mesh, p, tensor_meta=meta)) for p in cands])
-
-        args = tuple(_tuple_strategy(a) for a in _map_tensors(node.args, to_strategy))
-        kwargs = {k: _tuple_strategy(v) for k, v in _map_tensors(node.kwargs, to_strategy).items()}
-        schema = OpSchema(node.target, tuple(args), kwargs, schema_info=schema_info(node.target))
-        result = op_strategy(node.target, schema)
-        if isinstance(result, TupleStrategy):
-            return _zip_tuple_strategy(result, num_outs)
-        return [_from_spec(s, num_outs) for s in result.strategies]
 
     def _valid(
         self,
@@ -408,68 +356,6 @@ class _Enumerator:
             )
 
         return Strategy(outs=tuple(map(canon, s.outs)), ins=tuple(map(canon, s.ins)))
-
-
-def _flat_args(node: fx.Node) -> list[fx.Node]:
-    out: list[fx.Node] = []
-
-    def visit(a: Any) -> None:
-        if isinstance(a, fx.Node):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                visit(x)
-
-    for a in node.args:
-        visit(a)
-    for a in node.kwargs.values():
-        visit(a)
-    return out
-
-
-def _map_tensors(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, fx.Node):
-        return fn(obj) if isinstance(obj.meta.get("val"), torch.Tensor) else obj.meta.get("val")
-    if isinstance(obj, tuple):
-        return tuple(_map_tensors(x, fn) for x in obj)
-    if isinstance(obj, list):
-        return [_map_tensors(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    return obj
-
-
-def _tuple_strategy(arg: Any) -> Any:
-    """A list of tensors becomes a TupleStrategy, as DTensor's dispatcher wraps it."""
-    if isinstance(arg, (list, tuple)) and arg and all(isinstance(x, OpStrategy) for x in arg):
-        return TupleStrategy(tuple(arg))
-    return arg
-
-
-def _from_spec(spec: OpSpec, num_outs: int) -> Strategy:
-    out_specs = spec.output_specs
-    if isinstance(out_specs, DTensorSpec):
-        outs: tuple[Placements | None, ...] = (tuple(out_specs.placements),)
-    else:
-        outs = tuple(None if o is None else tuple(o.placements) for o in out_specs)
-    if num_outs > len(outs):
-        outs = outs + (outs[0],) * (num_outs - len(outs))
-    ins_specs = spec.input_specs
-    ins = tuple(tuple(s.placements) for s in ins_specs) if ins_specs is not None else (outs[0],)
-    return Strategy(outs=outs, ins=ins)
-
-
-def _zip_tuple_strategy(result: TupleStrategy, num_outs: int) -> list[Strategy]:
-    children = [c for c in result.children if isinstance(c, OpStrategy)]
-    lengths = {len(c.strategies) for c in children}
-    if len(children) != num_outs or len(lengths) != 1:
-        return []
-    out = []
-    for specs in zip(*(c.strategies for c in children), strict=True):
-        outs = tuple(tuple(s.output_spec.placements) for s in specs)
-        ins = tuple(tuple(x.placements) for x in specs[0].input_specs or ())
-        out.append(Strategy(outs=outs, ins=ins))
-    return out
 
 
 def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> Strategy:

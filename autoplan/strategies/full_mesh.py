@@ -1,0 +1,112 @@
+"""Strategies from DTensor's full-mesh strategy functions (views, reductions, cat/stack).
+
+Input: an aten node, the mesh, and the candidate output placements of each
+producer. Output: autoplan :class:`~autoplan.strategies.table.Strategy` objects.
+
+These functions take every input as an ``OpStrategy`` and derive one strategy
+per input candidate. Some refuse a candidate outright (a ``_StridedShard`` a
+view cannot unflatten), and cat/stack pick a single placement for a whole
+list: in both cases the question is asked again one candidate at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+
+from autoplan.graph import map_args, tensor_args
+from autoplan.placements import Placements
+from autoplan.strategies.dtensor import (
+    DeviceMesh,
+    DTensorSpec,
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    TupleStrategy,
+    op_strategy,
+    schema_info,
+    tensor_meta,
+)
+from autoplan.strategies.table import Strategy
+
+Candidates = Callable[[fx.Node], list[Placements]]
+_EVERY_INPUT = "*"
+
+
+def full_mesh_strategies(
+    node: fx.Node, mesh: DeviceMesh, candidates: Candidates, num_outs: int
+) -> list[Strategy]:
+    """DTensor's strategies for ``node`` given every candidate placement of its inputs."""
+    listed = bool(node.args) and isinstance(node.args[0], (list, tuple))
+    if not listed:
+        try:
+            return _ask(node, mesh, candidates, num_outs, None)
+        except Exception:
+            pass
+    # cat/stack: every listed tensor pinned to one candidate; otherwise the first input.
+    first = tensor_args(node)[0]
+    target = _EVERY_INPUT if listed else first.name
+    out: list[Strategy] = []
+    for cand in candidates(first):
+        try:
+            out.extend(_ask(node, mesh, candidates, num_outs, (target, cand)))
+        except Exception:
+            continue
+    return out
+
+
+def _ask(
+    node: fx.Node,
+    mesh: DeviceMesh,
+    candidates: Candidates,
+    num_outs: int,
+    pin: tuple[str, Placements] | None,
+) -> list[Strategy]:
+    def to_strategy(n: fx.Node) -> OpStrategy:
+        meta = tensor_meta(n.meta["val"])
+        pinned = pin is not None and pin[0] in (n.name, _EVERY_INPUT)
+        cands = [pin[1]] if pinned else candidates(n)
+        return OpStrategy([OpSpec(DTensorSpec(mesh, p, tensor_meta=meta)) for p in cands])
+
+    args = tuple(_tuple_strategy(a) for a in map_args(node.args, to_strategy))
+    kwargs = {k: _tuple_strategy(v) for k, v in map_args(node.kwargs, to_strategy).items()}
+    schema = OpSchema(node.target, args, kwargs, schema_info=schema_info(node.target))
+    result = op_strategy(node.target, schema)
+    if isinstance(result, TupleStrategy):
+        return _zip_tuple_strategy(result, num_outs)
+    return [_from_spec(s, num_outs) for s in result.strategies]
+
+
+def _tuple_strategy(arg: Any) -> Any:
+    """A list of tensors becomes a TupleStrategy, as DTensor's dispatcher wraps it."""
+    if isinstance(arg, (list, tuple)) and arg and all(isinstance(x, OpStrategy) for x in arg):
+        return TupleStrategy(tuple(arg))
+    return arg
+
+
+def _from_spec(spec: OpSpec, num_outs: int) -> Strategy:
+    out_specs = spec.output_specs
+    if isinstance(out_specs, DTensorSpec):
+        outs: tuple[Placements | None, ...] = (tuple(out_specs.placements),)
+    else:
+        outs = tuple(None if o is None else tuple(o.placements) for o in out_specs)
+    if num_outs > len(outs):
+        outs = outs + (outs[0],) * (num_outs - len(outs))
+    ins_specs = spec.input_specs
+    ins = tuple(tuple(s.placements) for s in ins_specs) if ins_specs is not None else (outs[0],)
+    return Strategy(outs=outs, ins=ins)
+
+
+def _zip_tuple_strategy(result: TupleStrategy, num_outs: int) -> list[Strategy]:
+    children = [c for c in result.children if isinstance(c, OpStrategy)]
+    lengths = {len(c.strategies) for c in children}
+    if len(children) != num_outs or len(lengths) != 1:
+        return []
+    out = []
+    for specs in zip(*(c.strategies for c in children), strict=True):
+        outs = tuple(tuple(s.output_spec.placements) for s in specs)
+        ins = tuple(tuple(x.placements) for x in specs[0].input_specs or ())
+        out.append(Strategy(outs=outs, ins=ins))
+    return out
