@@ -23,6 +23,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import autoplan
+from autoplan.graph import tensor_args
 from autoplan.placements import Placements, fmt, local_shape
 from autoplan.rewrite import rewrite
 from autoplan.strategies.table import Strategy
@@ -196,25 +197,9 @@ def _replay_args(node: fx.Node, locals_: list[torch.Tensor]) -> tuple[Any, dict[
     return args, kwargs
 
 
-def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """Tensor input nodes of ``node`` in order of appearance, lists flattened."""
-    found: list[fx.Node] = []
-
-    def visit(a: Any) -> None:
-        if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                visit(x)
-
-    for a in (*node.args, *node.kwargs.values()):
-        visit(a)
-    return found
-
-
 def _describe(op: str, node: fx.Node, strategy: Strategy) -> str:
     """Op, global shapes and placements of one case, for failure messages."""
-    in_shapes = [tuple(n.meta["val"].shape) for n in _tensor_inputs(node)]
+    in_shapes = [tuple(n.meta["val"].shape) for n in tensor_args(node)]
     out_shape = tuple(node.meta["val"].shape)
     ins = ", ".join(f"{s}:{fmt(p)}" for s, p in zip(in_shapes, strategy.ins, strict=True))
     return f"{op} ({ins}) -> {out_shape}:{fmt(strategy.outs[0])}"
@@ -230,7 +215,7 @@ def mesh() -> Any:
 def test_strategy_computes_the_op(node: fx.Node, op: str, strategy: Strategy, mesh: Any) -> None:
     """Sharded inputs, per-rank op and assembled output match the single-device result."""
     gen = torch.Generator().manual_seed(0)
-    inputs = _tensor_inputs(node)
+    inputs = tensor_args(node)
     globals_ = [
         torch.randn(tuple(n.meta["val"].shape), generator=gen, dtype=torch.float64) for n in inputs
     ]
