@@ -135,7 +135,8 @@ class _Candidate:
     protocol: str
     latency_us: float
     us_per_byte: float  # 1 / algbw
-    ramp_us: float  # the ramp of a message much larger than RAMP_BYTES
+    ramp_us: float  # the ramp of a message much larger than ramp_bytes
+    ramp_bytes: float  # pipeline ramp, bytes; 0 for none
     tree_row: int  # row of _TREE_CORRECTION, or -1
 
     def time_us(self, nbytes: float) -> float:
@@ -143,17 +144,24 @@ class _Candidate:
         if self.tree_row >= 0:
             per_byte /= _tree_correction(_TREE_CORRECTION[self.tree_row], nbytes)
         # The ramp grows with the message and saturates: a message much smaller than
-        # RAMP_BYTES never fills the pipeline and moves at about half the rate.
-        ramp = self.ramp_us * nbytes / (nbytes + RAMP_BYTES) if self.ramp_us else 0.0
+        # ramp_bytes never fills the pipeline and moves at about half the rate.
+        ramp = self.ramp_us * nbytes / (nbytes + self.ramp_bytes) if self.ramp_bytes else 0.0
         return self.latency_us + ramp + nbytes * per_byte
 
 
-def _candidate(algorithm: str, protocol: str, latency: float, algbw: float) -> _Candidate:
+def _candidate(
+    algorithm: str, protocol: str, latency: float, algbw: float, nodes: int = 1
+) -> _Candidate:
     us_per_byte = 1.0 / (1000.0 * algbw)  # GB/s -> bytes per us is x1000
-    # Tree carries NCCL's own medium-size correction instead of the ramp.
-    ramp = RAMP_BYTES * us_per_byte if protocol == "Simple" and algorithm != "Tree" else 0.0
+    # In one node only Simple pays the ramp (Tree has NCCL's correction table instead).
+    ramp_bytes = RAMP_BYTES if protocol == "Simple" and algorithm != "Tree" else 0.0
+    if nodes > 1:
+        # Across nodes every algorithm and protocol also fills one network stage per node.
+        ramp_bytes = (RAMP_BYTES if protocol == "Simple" else 0.0) + RAMP_BYTES * nodes
     tree_row = _PROTOCOLS.index(protocol) if algorithm == "Tree" else -1
-    return _Candidate(algorithm, protocol, latency, us_per_byte, ramp, tree_row)
+    return _Candidate(
+        algorithm, protocol, latency, us_per_byte, ramp_bytes * us_per_byte, ramp_bytes, tree_row
+    )
 
 
 def _ring_latency(i: int, nsteps: int, inter_steps: int, p: int, m: int, topo: Topology) -> float:
@@ -189,7 +197,7 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
             n * nic / (n - p) if m > 1 else math.inf,
         )
         latency = _ring_latency(2, n - 1, m - 1, p, m, topo)
-        return (_candidate("Pairwise", "Simple", latency, algbw),)
+        return (_candidate("Pairwise", "Simple", latency, algbw, m),)
 
     all_reduce = op == "all_reduce"
     nsteps = 2 * (n - 1) if all_reduce else n - 1
@@ -198,7 +206,7 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
     out = []
     for i, protocol in enumerate(_PROTOCOLS):
         latency = _ring_latency(i, nsteps, inter_steps, p, m, topo)
-        out.append(_candidate("Ring", protocol, latency, ring_bus[i] * n / nsteps))
+        out.append(_candidate("Ring", protocol, latency, ring_bus[i] * n / nsteps, m))
     if not all_reduce:
         return tuple(out)
 
@@ -208,7 +216,7 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
         intra_hops = (p - 1) * _NVLINK_HOP["Tree"][i] * nvl_scale
         inter_hops = log2_m * _NET_HOP["Tree"][i] * net_scale
         latency = _BASE_LAT["Tree"][i] + 2 * (intra_hops + inter_hops)  # up, then down
-        out.append(_candidate("Tree", protocol, latency, tree_bus[i] * 0.5))
+        out.append(_candidate("Tree", protocol, latency, tree_bus[i] * 0.5, m))
 
     if topo.nvls and p > 1:
         nvls = topo.intra_node_gbps * NVLS_EFFICIENCY * p / (p + 1)
@@ -222,7 +230,7 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
                 _NVLINK_HOP["NVLS"] * nvl_scale + 2 * log2_m * _NET_HOP["NVLSTree"] * net_scale
             )
             out.append(
-                _candidate("NVLSTree", "Simple", latency, min(nvls, network) * _NVLS_TREE_RATIO)
+                _candidate("NVLSTree", "Simple", latency, min(nvls, network) * _NVLS_TREE_RATIO, m)
             )
     return tuple(out)
 
