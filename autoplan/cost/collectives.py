@@ -40,12 +40,17 @@ algbw`` and runs the cheapest (NVIDIA/nccl ``src/graph/tuning.cc``,
   NVLS-Tree runs at 5/6 (tuning.cc's NVLS ratio) of the slower of that and the
   node's NICs. Simple-protocol Ring, NVLS and all_to_all pay a pipeline ramp:
   ``RAMP_BYTES`` more moved at the algorithm bandwidth, scaled by
-  S / (S + RAMP_BYTES) so that a small message pays in proportion. NCCL's model
-  has no such term (Tree has its correction table instead), yet published
-  nccl-tests curves reach peak only in the GiB range (NVIDIA: "256M is too
-  small to reach peak bandwidth", nccl-tests#212); without it the model is
-  10-20% optimistic at 64-256 MiB. ``NET_EFFICIENCY`` is fitted to published
-  multi-node figures too.
+  S / (S + ramp) so that a small message pays in proportion. Across m nodes
+  every algorithm and protocol pays ``NET_RAMP_BYTES`` x m more (one network
+  stage to fill per node crossed). NCCL's model has no such term (Tree has its
+  correction table instead), yet published nccl-tests curves reach peak only
+  in the GiB range (NVIDIA: "256M is too small to reach peak bandwidth",
+  nccl-tests#212), and at 64 MiB the published multi-node busbw keeps falling
+  with the node count while the peak does not (8xH100 nodes on 400 Gb/s
+  InfiniBand, 2/4/8/16 nodes: 270, 225, 184, ~150 GB/s; nccl-tests#309,
+  nccl#1469); without the per-node ramp the model overestimates busbw at
+  64 MiB by 25% on 8 nodes and 50% on 16. ``NET_EFFICIENCY`` is
+  fitted to published multi-node figures too.
 * all_to_all has no entry in tuning.cc. We price it as a pairwise exchange: the
   NVLink and NIC transfers of each rank run concurrently, so the slower one
   (the NIC once nodes > 1) bounds it; its latency is that of an n-1 step ring,
@@ -87,9 +92,14 @@ an 8x400 Gb/s RoCE H100 cluster publishes 320 GB/s (0.80, nccl#1221); 0.88 keeps
 NVLS_EFFICIENCY = 275.0 * 9.0 / 8.0 / 450.0
 """Effective NVLink wire rate under NVLS: algbw 275 GB/s x (n+1)/n at n=8 on 450 GB/s H100."""
 _NVLS_TREE_RATIO = 5.0 / 6.0  # tuning.cc's NVLS bus-to-algorithm ratio, for the network stage
-RAMP_BYTES = 16 * 2**20
+RAMP_BYTES = 20 * 2**20
 """Simple-protocol pipeline ramp, bytes. Calibrated on the 8xH100 NVLS curve (Azure ND H100 v5,
-64 MiB-8 GiB); of the order of NCCL's in-flight staging (NCCL_BUFFSIZE, 4 MiB per channel)."""
+64 MiB-8 GiB) together with the multi-node curves of nccl-tests#309 (16 to 24 MiB fit the
+one-node curve within 5.5%; 20 MiB also keeps 2-node NVLS-Tree at 64 MiB within 10%)."""
+NET_RAMP_BYTES = 4 * 2**20
+"""Extra ramp per node crossed, bytes, for every protocol. Fitted to the 2/4/8-node 8xH100
+curves of nccl-tests#309 (64 MiB-8 GiB); it equals NCCL's default NCCL_BUFFSIZE (4 MiB), the
+staging buffer each network connection fills before its pipeline runs at full rate."""
 
 _LL128_FACTOR = 0.92
 _RING_LL_FACTOR = 0.5
@@ -157,7 +167,7 @@ def _candidate(
     ramp_bytes = RAMP_BYTES if protocol == "Simple" and algorithm != "Tree" else 0.0
     if nodes > 1:
         # Across nodes every algorithm and protocol also fills one network stage per node.
-        ramp_bytes = (RAMP_BYTES if protocol == "Simple" else 0.0) + RAMP_BYTES * nodes
+        ramp_bytes = (RAMP_BYTES if protocol == "Simple" else 0.0) + NET_RAMP_BYTES * nodes
     tree_row = _PROTOCOLS.index(protocol) if algorithm == "Tree" else -1
     return _Candidate(
         algorithm, protocol, latency, us_per_byte, ramp_bytes * us_per_byte, ramp_bytes, tree_row
