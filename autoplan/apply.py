@@ -3,34 +3,44 @@
 Input: an ``nn.Module`` (real CPU weights or on the meta device), the ``Plan`` made for
 it, and a real ``DeviceMesh`` (gloo on CPU, NCCL on GPUs, under ``torchrun``). Output:
 the same module, with every parameter replaced by an ``nn.Parameter`` holding a
-``DTensor`` placed as the plan says, and every buffer replicated.
+``DTensor`` placed as the plan says, every buffer replicated, and a forward that runs
+the planned training step.
 
-Why: a plan is only worth something if it runs and gives the single-device loss and
-gradients. DTensor already knows how to run a module whose parameters and inputs are
-DTensors, so this stage only has to place them.
+Why: a plan is only worth something if it runs, gives the single-device loss and
+gradients, and communicates what the cost model priced. So the parallelized module does
+not leave activations to DTensor's own choices: calling it traces the joint
+forward+backward graph again (on fake tensors, once per input shape, exactly as the
+planner did) and runs it node by node with :class:`~autoplan.execute.PlannedGraph`,
+every input of every op redistributed to the placement the plan chose. The call returns
+the plan's loss (the ``loss_fn`` given to ``autoplan.plan``, by default the mean of the
+output); its ``backward()`` hands each parameter the gradient the graph computed, in the
+parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
 
-What this slice does and does not do: it places *parameters* (and, with
-:func:`shard_inputs`, *inputs*) per the plan, then lets DTensor's own dispatch choose
-the placement of every intermediate activation and gradient in forward and backward.
-Those may differ from the plan's ``node_placements``, so the collectives that run may
-not be the ones the plan priced. Executing each node's planned placement is the next
-slice. Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and
-raise ``NotImplementedError``.
+Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and raise
+``NotImplementedError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
-from autoplan.placements import Placements, fmt, parse
+from autoplan.config import DTYPES
+from autoplan.execute import PlannedGraph, flatten_mesh_groups
+from autoplan.placements import Placements, fmt, parse, shard_degrees
 from autoplan.plan import Plan
+from autoplan.rewrite import rewrite
+from autoplan.trace import trace_joint
 
-__all__ = ["full_gradients", "parallelize", "shard_inputs"]
+__all__ = ["full_gradients", "input_placements", "parallelize", "shard_inputs"]
+
+INPUT_PREFIX = "xs_"  # trace_joint's step(ps, bs, xs): make_fx names inputs xs_1, xs_2, ...
 
 
 def parallelize(
@@ -87,6 +97,8 @@ def parallelize(
         if init_fn is not None:
             init_fn(model)
     _replicate_buffers(model, mesh)
+    flatten_mesh_groups(mesh)
+    _install_planned_forward(model, _PlannedState(plan, mesh))
     return model
 
 
@@ -175,3 +187,125 @@ def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
         g = param.grad
         grads[fqn] = g.full_tensor() if isinstance(g, DTensor) else g
     return grads
+
+
+def input_placements(plan: Plan) -> list[Placements]:
+    """The placements the plan gives the model's inputs, in argument order."""
+    names = sorted(
+        (n for n, e in plan.node_placements.items() if n.startswith(INPUT_PREFIX)),
+        key=lambda n: int(n.removeprefix(INPUT_PREFIX)),
+    )
+    return [parse(plan.node_placements[n]["out"][0], len(plan.mesh_shape)) for n in names]
+
+
+class _PlannedState:
+    """What a parallelized module keeps: the plan, the mesh, a planned graph per input shape."""
+
+    def __init__(self, plan: Plan, mesh: DeviceMesh) -> None:
+        self.plan, self.mesh = plan, mesh
+        self.placements = input_placements(plan)
+        cfg = plan.config
+        self.mm_mode = cfg.get("mm_mode", "einsum")
+        self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
+        self.graphs: dict[tuple[Any, ...], PlannedGraph] = {}
+
+    def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
+        if len(args) != len(self.placements):
+            raise TypeError(
+                f"the parallelized model takes {len(self.placements)} inputs (as planned), got "
+                f"{len(args)}."
+            )
+        out = []
+        for i, (x, want) in enumerate(zip(args, self.placements, strict=True)):
+            if isinstance(x, DTensor):
+                if tuple(x.placements) != want:
+                    x = x.redistribute(self.mesh, want)
+                out.append(x)
+            elif isinstance(x, torch.Tensor):
+                deg = shard_degrees(want, self.mesh.shape, x.ndim)
+                shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
+                stride = torch.empty(shape, device="meta").stride()
+                out.append(
+                    DTensor.from_local(
+                        x, self.mesh, want, run_check=False, shape=shape, stride=stride
+                    )
+                )
+            else:
+                raise TypeError(f"input {i} is a {type(x).__name__}; pass tensors (local shards).")
+        return tuple(out)
+
+    def graph(self, model: nn.Module, inputs: Sequence[DTensor]) -> PlannedGraph:
+        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
+        if key not in self.graphs:
+
+            def example() -> tuple[torch.Tensor, ...]:  # called under trace_joint's fake mode
+                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in key)
+
+            with _original_class(model):
+                traced = trace_joint(model, example, param_dtype=self.param_dtype)
+            traced, _ = rewrite(traced, mm_mode=self.mm_mode)
+            self.graphs[key] = PlannedGraph(traced, self.plan, self.mesh)
+        return self.graphs[key]
+
+
+class _JointStep(torch.autograd.Function):
+    """Runs the whole planned step in forward; backward hands out the computed gradients."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, graph: PlannedGraph, param_dtype: torch.dtype | None, n_params: int, *tensors: Any
+    ) -> torch.Tensor:
+        t = graph.traced
+        params = list(tensors[:n_params])
+        if param_dtype is not None:  # FSDP2-style: compute in param_dtype, keep fp32 masters
+            params = [p.to(param_dtype) for p in params]
+        buffers = tensors[n_params : n_params + len(t.buffers)]
+        inputs = tensors[n_params + len(t.buffers) :]
+        loss, grads = graph.run(params, buffers, inputs)
+        ctx.grads = [
+            None if grads.get(fqn) is None else grads[fqn].to(p.dtype)
+            for fqn, p in zip(t.param_fqns, tensors[:n_params], strict=True)
+        ]
+        ctx.n_rest = len(tensors) - n_params
+        if all(isinstance(p, Replicate) for p in loss.placements):
+            return loss.to_local()
+        return loss.full_tensor()  # not priced: plan with output_placements=["R..."] to avoid it
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
+        scale = float(grad_loss)
+        grads = [g if g is None or scale == 1.0 else g * scale for g in ctx.grads]
+        return (None, None, None, *grads, *([None] * ctx.n_rest))
+
+
+def _planned_forward(self: nn.Module, *args: Any) -> torch.Tensor:
+    state: _PlannedState = self._autoplan_state
+    inputs = state.inputs(args)
+    graph = state.graph(self, inputs)
+    params = dict(self.named_parameters())
+    buffers = dict(self.named_buffers())
+    t = graph.traced
+    tensors = [params[f] for f in t.param_fqns] + [buffers[f] for f in t.buffer_fqns]
+    return _JointStep.apply(graph, state.param_dtype, len(t.param_fqns), *tensors, *inputs)
+
+
+def _install_planned_forward(model: nn.Module, state: _PlannedState) -> None:
+    """Swap ``model``'s class for a subclass whose forward runs the plan (FSDP2's idiom)."""
+    cls = type(model)
+    if getattr(cls, "_autoplan_base", None) is None:
+        model.__class__ = type(
+            f"Planned{cls.__name__}",
+            (cls,),
+            {"forward": _planned_forward, "_autoplan_base": cls},
+        )
+    model._autoplan_state = state
+
+
+@contextlib.contextmanager
+def _original_class(model: nn.Module) -> Iterator[None]:
+    planned = type(model)
+    model.__class__ = planned._autoplan_base
+    try:
+        yield
+    finally:
+        model.__class__ = planned

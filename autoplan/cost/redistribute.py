@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, sharded_dim
+from autoplan.placements import Placements, shard_degrees, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
@@ -97,46 +97,23 @@ class RedistributeModel:
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
     ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
         """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible."""
-        kinds = [_step(s, d) for s, d in zip(src, dst, strict=True)]
-        if any(k is None for k in kinds):
+        if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
             return None
-        degrees = [1] * len(shape)
-        for p, size in zip(src, self.mesh_shape, strict=True):
-            d = sharded_dim(p)
-            if d is not None:
-                degrees[d] *= size
-        local = math.prod(s // k for s, k in zip(shape, degrees, strict=True)) * dtype_bytes
+        current = list(src)
+        numel = math.prod(shape) * dtype_bytes
         out: list[tuple[str, tuple[int, ...], float, float]] = []
-        # Innermost axis first; fuse runs of the same collective on adjacent axes.
-        axis = len(src) - 1
-        while axis >= 0:
-            kind = kinds[axis]
+        for kind, axes, target in _fuse(_transforms(src, dst), shape, self.mesh_shape):
+            local = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
+            for a in axes:
+                current[a] = target
             if not kind:
-                axis -= 1
                 continue
-            group = [axis]
-            while (
-                kind in ("all_gather", "all_reduce")
-                and group[-1] - 1 >= 0
-                and kinds[group[-1] - 1] == kind
-                and (
-                    kind == "all_reduce"
-                    or sharded_dim(src[group[-1] - 1]) == sharded_dim(src[axis])
-                )
-            ):
-                group.append(group[-1] - 1)
-            axes = tuple(sorted(group))
-            factor = math.prod(self.mesh_shape[a] for a in axes)
             if kind == "all_gather":
-                local *= factor
-                nbytes = local
+                nbytes = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
             else:
                 nbytes = local
-                if kind == "reduce_scatter":
-                    local //= factor
             p, m = self._span(axes)
             out.append((kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m)))
-            axis = group[-1] - 1
         return out
 
     def _price(
@@ -146,3 +123,72 @@ class RedistributeModel:
         if steps is None:
             return INF
         return sum(s[3] for s in steps)
+
+
+def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, Placement]]:
+    """The per-axis steps ``(axis, from, to)`` DTensor's redistribute takes, in order.
+
+    DTensor (default shard order) first walks the axes innermost to outermost. A shard of
+    tensor dim d on axis a is the same local piece in source and target only when the
+    outer axes shard d the same way in both; where they do not ("nested" sharding, e.g.
+    ``RS(0) -> S(0)S(0)``, whose local pieces differ), the axis is gathered to ``R``
+    first. It then walks outermost to innermost to reach the target. So ``RS(0) ->
+    S(0)S(0)`` costs an all-gather, not a local slice.
+    """
+    current = list(src)
+    steps: list[tuple[int, Placement, Placement]] = []
+    if any(sharded_dim(p) is not None for p in src):
+        for axis in reversed(range(len(src))):
+            target = dst[axis]
+            d = sharded_dim(target)
+            if d is not None:
+                have = [i for i in range(axis) if sharded_dim(current[i]) == d]
+                want = [i for i in range(axis) if sharded_dim(dst[i]) == d]
+                if have != want:
+                    target = Replicate()
+            if current[axis] != target:
+                steps.append((axis, current[axis], target))
+                current[axis] = target
+    for axis, target in enumerate(dst):
+        if current[axis] != target:
+            steps.append((axis, current[axis], target))
+            current[axis] = target
+    return steps
+
+
+def _fuse(
+    steps: list[tuple[int, Placement, Placement]],
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+) -> list[tuple[str, tuple[int, ...], Placement]]:
+    """Group consecutive identical collectives on adjacent axes into one flattened one.
+
+    DTensor merges a run of consecutive steps with the same (from, to) pair into one
+    collective over the flattened mesh of their axes, if that mesh exists (``apply``
+    creates one for every run of adjacent axes): gathers must come innermost first,
+    reduce-scatters outermost first and divide the tensor dim evenly. A run that cannot
+    merge as a whole stays step by step. Output: ``(kind, axes, target)``, kind ``""``
+    for a local step.
+    """
+    out: list[tuple[str, tuple[int, ...], Placement]] = []
+    i = 0
+    while i < len(steps):
+        axis, a, b = steps[i]
+        kind = _step(a, b) or ""
+        j = i + 1
+        if kind in ("all_gather", "all_reduce", "reduce_scatter"):
+            while j < len(steps) and steps[j][1:] == (a, b):
+                j += 1
+        run = steps[i:j]
+        axes = [s[0] for s in run]
+        order = sorted(axes, reverse=kind == "all_gather")
+        contiguous = sorted(axes) == list(range(min(axes), max(axes) + 1))
+        even = kind != "reduce_scatter" or (
+            shape[sharded_dim(b)] % math.prod(mesh_shape[x] for x in axes) == 0
+        )
+        if len(run) > 1 and axes == order and contiguous and even:
+            out.append((kind, tuple(sorted(axes)), b))
+        else:
+            out.extend((_step(x, y) or "", (ax,), y) for ax, x, y in run)
+        i = j
+    return out

@@ -1,0 +1,268 @@
+"""Stage 7b, execute: run a plan's joint graph on DTensors, node by node, as planned.
+
+Input: the model's joint forward+backward graph (traced again, exactly as the planner
+traced it), the :class:`~autoplan.plan.Plan` and a real ``DeviceMesh``. Output: the loss
+and one gradient per parameter, as DTensors, with every intermediate tensor placed the
+way the plan's ``node_placements`` say.
+
+Why: DTensor's own dispatch, given DTensor parameters, picks the placement of every
+activation by itself, so the collectives it runs need not be the ones the plan priced.
+Here, before each op, every tensor input is redistributed to the placement the chosen
+strategy requires (the priced redistribution), then the op runs through DTensor's
+dispatch, which with inputs already placed needs no further communication. An op
+DTensor has no rule for (the fused CPU attention kernels) runs on the local shards and
+its outputs are wrapped with the planned placements: autoplan's rule for it is checked
+by execution in the tests. If DTensor ever produces another output placement than
+planned, the value is moved to the planned one and the node is recorded in
+:attr:`PlannedGraph.deviations` (a test asserts there are none).
+
+Flattened meshes: DTensor runs ``S(0)S(0) -> RR`` as one all-gather over the flattened
+group only when that flattened mesh exists, so :func:`flatten_mesh_groups` creates one
+for every run of adjacent axes, as the cost model assumes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate
+
+from autoplan.graph import map_args, tensor_args
+from autoplan.placements import Placements, fmt, parse
+from autoplan.plan import Plan
+from autoplan.trace import TracedGraph
+
+__all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups"]
+
+_KINDS = {
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_to_all_single": "all_to_all",
+}
+
+
+def collective_counts(comm_counts: dict[Any, int]) -> dict[str, int]:
+    """``CommDebugMode.get_comm_counts()`` in the plan's vocabulary (``plan.comm``'s kinds).
+
+    Compare it with ``{k: v["count"] for k, v in plan.comm.items()}`` to check that one
+    training step ran exactly the collectives the plan priced.
+    """
+    out: dict[str, int] = {}
+    for op, n in comm_counts.items():
+        name = str(op).split(".")[-1]
+        kind = _KINDS.get(name, name)
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def flatten_mesh_groups(mesh: DeviceMesh) -> list[DeviceMesh]:
+    """Create the flattened mesh of every run of >= 2 adjacent axes of ``mesh``.
+
+    DTensor fuses consecutive same-kind collectives on those axes into one collective
+    over the flattened group (``_redistribute._optimize_transform_infos``), which is
+    how autoplan's cost model prices them. Idempotent.
+    """
+    names = mesh.mesh_dim_names or tuple(f"axis{i}" for i in range(mesh.ndim))
+    out = []
+    for lo, hi in itertools.combinations(range(mesh.ndim + 1), 2):
+        if hi - lo < 2:
+            continue
+        group = tuple(names[lo:hi])
+        out.append(mesh[group]._flatten("_".join(group)))
+    return out
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: fx.Node
+    ins: tuple[Placements | str, ...]
+    outs: tuple[Placements | str | None, ...]
+
+
+def _parse_entry(text: str | None, num_axes: int) -> Placements | str | None:
+    """Planned placements from the plan's short form; a masked partial stays a string."""
+    if text is None or text == "-":
+        return None
+    try:
+        return parse(text, num_axes)
+    except ValueError:
+        return text  # e.g. "P(sum)" of the vocab-parallel embedding: made only by its op
+
+
+class PlannedGraph:
+    """The joint graph with the plan's placement for every tensor input and output.
+
+    Raises ``ValueError`` when the graph and the plan disagree (another model, another
+    ``mm_mode``, another batch shape): the plan must have a placement for every node.
+    """
+
+    def __init__(self, traced: TracedGraph, plan: Plan, mesh: DeviceMesh) -> None:
+        self.traced, self.plan, self.mesh = traced, plan, mesh
+        self.deviations: list[str] = []
+        num_axes = mesh.ndim
+        missing, wrong_op = [], []
+        self._steps: list[_Step] = []
+        self._outs: dict[str, tuple[Placements | str | None, ...]] = {}
+        for node in traced.gm.graph.nodes:
+            if node.op == "output":
+                continue
+            entry = plan.node_placements.get(node.name)
+            op = _op_name(node)
+            if entry is None:
+                missing.append(node.name)
+                continue
+            if entry["op"] != op:
+                wrong_op.append(f"{node.name} ({op}, plan: {entry['op']})")
+                continue
+            outs = tuple(_parse_entry(p, num_axes) for p in entry["out"])
+            self._outs[node.name] = outs
+            self._steps.append(
+                _Step(node, tuple(_parse_entry(p, num_axes) for p in entry["in"]), outs)
+            )
+        if missing or wrong_op:
+            raise ValueError(
+                f"the plan does not fit this model's graph: {len(missing)} nodes have no planned "
+                f"placement (first: {missing[:3]}) and {len(wrong_op)} differ in op (first: "
+                f"{wrong_op[:3]}). Plan this exact model, mm_mode and input shapes, then apply "
+                "that plan."
+            )
+
+    def run(
+        self,
+        params: Sequence[DTensor],
+        buffers: Sequence[DTensor],
+        inputs: Sequence[DTensor],
+    ) -> tuple[DTensor, dict[str, DTensor]]:
+        """Execute the graph; return the loss and the gradient of each parameter FQN."""
+        t = self.traced
+        env: dict[str, Any] = {}
+        feed = dict(zip(t.params, params, strict=True))
+        feed |= dict(zip(t.buffers, buffers, strict=True))
+        feed |= dict(zip(t.inputs, inputs, strict=True))
+        for step in self._steps:
+            node = step.node
+            if node.op == "placeholder":
+                env[node.name] = self._place(feed[node.name], step.outs[0], node.name)
+                continue
+            env[node.name] = self._call(step, env)
+        # Each gradient ends in its parameter's placement: the edge the cost model prices
+        # from the gradient node to the parameter (the optimizer updates shard by shard).
+        param_of = dict(zip(t.param_fqns, t.params, strict=True))
+        grads = {
+            fqn: self._place(env[name], self._outs[param_of[fqn]][0], f"gradient of {fqn}")
+            for fqn, name in t.grads.items()
+        }
+        return env[t.loss], grads
+
+    # -- one node -----------------------------------------------------------------
+
+    def _call(self, step: _Step, env: dict[str, Any]) -> Any:
+        node = step.node
+        if node.target is operator.getitem:
+            src, index = node.args
+            return env[src.name][index]
+        placed = {
+            a.name: self._place(env[a.name], want, f"{node.name} input {a.name}")
+            for a, want in zip(tensor_args(node), step.ins, strict=True)
+        }
+        args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
+        try:
+            out = node.target(*args, **kwargs)
+        except NotImplementedError as err:
+            if "sharding strategy" not in str(err):
+                raise
+            out = self._call_local(step, args, kwargs)
+        return self._check_outputs(step, out)
+
+    def _call_local(self, step: _Step, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Run an op DTensor has no rule for on local shards; wrap outputs as planned."""
+        local_args, local_kwargs = _map_tensors(
+            (args, kwargs), lambda x: x.to_local() if isinstance(x, DTensor) else x
+        )
+        out = step.node.target(*local_args, **local_kwargs)
+        vals = step.node.meta["val"]
+        if isinstance(out, torch.Tensor):
+            return self._wrap(out, step.outs[0], vals)
+        return type(out)(
+            self._wrap(o, want, v) if isinstance(o, torch.Tensor) else o
+            for o, want, v in zip(out, step.outs, vals, strict=True)
+        )
+
+    def _wrap(self, local: torch.Tensor, want: Placements | str | None, val: Any) -> DTensor:
+        if not isinstance(want, tuple):
+            raise NotImplementedError(
+                f"cannot wrap a local result as {want!r}: the plan places the output of an op "
+                "DTensor has no rule for in a placement only DTensor ops can make."
+            )
+        return DTensor.from_local(
+            local, self.mesh, want, run_check=False, shape=val.shape, stride=val.stride()
+        )
+
+    def _check_outputs(self, step: _Step, out: Any) -> Any:
+        if isinstance(out, (tuple, list)):
+            return type(out)(
+                self._settle(o, want, step.node.name)
+                for o, want in zip(out, step.outs, strict=True)
+            )
+        return self._settle(out, step.outs[0], step.node.name)
+
+    def _settle(self, value: Any, want: Placements | str | None, where: str) -> Any:
+        if want is None or not isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, DTensor) or _same(value.placements, want):
+            return self._place(value, want, where)
+        self.deviations.append(f"{where}: DTensor made {fmt(value.placements)}, plan {_txt(want)}")
+        return self._place(value, want, where)
+
+    def _place(self, value: Any, want: Placements | str | None, where: str) -> Any:
+        """``value`` redistributed to ``want`` (a plain tensor counts as replicated)."""
+        if want is None or not isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, DTensor):
+            value = DTensor.from_local(value, self.mesh, [Replicate()] * self.mesh.ndim)
+        if _same(value.placements, want):
+            return value
+        if not isinstance(want, tuple):
+            raise RuntimeError(
+                f"{where}: the plan wants {want}, which only the producing op can make, but the "
+                f"value is {fmt(value.placements)}."
+            )
+        return value.redistribute(self.mesh, want)
+
+
+def _same(have: Sequence[Any], want: Placements | str) -> bool:
+    if isinstance(want, str):
+        return fmt(tuple(have)) == want
+    return tuple(have) == want
+
+
+def _txt(want: Placements | str) -> str:
+    return want if isinstance(want, str) else fmt(want)
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "placeholder"
+    if node.target is operator.getitem:
+        return "getitem"
+    return str(node.target)
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(_map_tensors(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [_map_tensors(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
