@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from autoplan.graph import map_args, tensor_args
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
+from autoplan.strategies.dtensor import flatten_axes, redistribute
 from autoplan.trace import TracedGraph
 
 __all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups"]
@@ -46,6 +47,7 @@ _KINDS = {
     "reduce_scatter_tensor": "reduce_scatter",
     "all_reduce": "all_reduce",
     "all_to_all_single": "all_to_all",
+    "shard_dim_alltoall": "all_to_all",
 }
 
 
@@ -75,8 +77,7 @@ def flatten_mesh_groups(mesh: DeviceMesh) -> list[DeviceMesh]:
     for lo, hi in itertools.combinations(range(mesh.ndim + 1), 2):
         if hi - lo < 2:
             continue
-        group = tuple(names[lo:hi])
-        out.append(mesh[group]._flatten("_".join(group)))
+        out.append(flatten_axes(mesh, names[lo:hi]))
     return out
 
 
@@ -235,7 +236,7 @@ class PlannedGraph:
                 f"{where}: the plan wants {want}, which only the producing op can make, but the "
                 f"value is {fmt(value.placements)}."
             )
-        return value.redistribute(self.mesh, want)
+        return redistribute(value, self.mesh, want)
 
 
 def _same(have: Sequence[Any], want: Placements | str) -> bool:

@@ -7,8 +7,11 @@ group, so rank 0 plans in a spawned child process and broadcasts the plan as JSO
 also trains a single-device copy of the model on the same batches and prints, per step,
 the parallel loss and its difference from the single-device loss.
 
-The loss is the mean of the logits, the loss the planner traces by default; it is a
-correctness check, not a language-modelling objective.
+The parallelized model runs the planned joint forward+backward graph and returns the
+plan's loss: the mean of the logits, the loss the planner traces by default (a
+correctness check, not a language-modelling objective; pass ``loss_fn`` to
+``autoplan.plan`` for another). Each step also counts the collectives that ran and
+prints them beside the ones the plan priced.
 """
 
 from __future__ import annotations
@@ -19,16 +22,16 @@ import multiprocessing
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.experimental import implicit_replication
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.distributed.tensor.debug import CommDebugMode
 
-from autoplan.apply import parallelize, shard_inputs
+from autoplan.apply import input_placements, parallelize, shard_inputs
+from autoplan.execute import collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.plan import Plan
 
 MESH_SHAPE, AXES, INPUT_PLACEMENT = (2, 2), ("dp", "tp"), "S(0)R"
 STEPS, LR, BATCH, SEQ = 5, 0.5, 8, 16
+MEMORY_BUDGET_GIB = 0.0006  # below the 1.75 MiB of a replicated model: the plan must shard
 
 
 def make_plan_json() -> str:
@@ -42,16 +45,10 @@ def make_plan_json() -> str:
         lambda: torch.randint(0, 128, (BATCH, SEQ)),
         autoplan.fake_mesh(MESH_SHAPE, AXES),
         input_placements=[INPUT_PLACEMENT],
+        output_placements=["RR"],  # a replicated loss, so printing it costs nothing unpriced
+        config=autoplan.PlanConfig(memory_budget_gib=MEMORY_BUDGET_GIB),
     )
     return plan.to_json()
-
-
-def loss_of(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    # DTensor has no rule for the fused CPU attention kernel, so use SDPA's math path;
-    # its causal mask is a plain tensor, which implicit_replication treats as replicated.
-    with sdpa_kernel(SDPBackend.MATH), implicit_replication():
-        loss = model(tokens).float().mean()
-    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def main() -> None:
@@ -79,21 +76,25 @@ def main() -> None:
     data = torch.Generator().manual_seed(1)
     for step in range(STEPS):
         tokens = torch.randint(0, 128, (BATCH, SEQ), generator=data)  # same batch on every rank
-        (sharded,) = shard_inputs(tokens, [INPUT_PLACEMENT], mesh)
-        loss = loss_of(model, sharded)
-        loss.backward()
+        (sharded,) = shard_inputs(tokens, input_placements(plan), mesh)
+        with CommDebugMode() as comm:
+            loss = model(sharded.to_local())  # each rank passes its local shard
+            loss.backward()
         opt.step()
         opt.zero_grad()
         if ref is not None:
-            ref_loss = loss_of(ref, tokens)
+            ref_loss = ref(tokens).float().mean()
             ref_loss.backward()
             ref_opt.step()
             ref_opt.zero_grad()
+            ran = collective_counts(comm.get_comm_counts())
             print(
                 f"step {step}  loss {loss.item():+.8f}  one device {ref_loss.item():+.8f}  "
-                f"diff {abs(loss.item() - ref_loss.item()):.2e}",
+                f"diff {abs(loss.item() - ref_loss.item()):.2e}  collectives {ran}",
                 flush=True,
             )
+    if rank == 0:
+        print("priced by the plan:", {k: int(v["count"]) for k, v in plan.comm.items()})
     dist.destroy_process_group()
 
 

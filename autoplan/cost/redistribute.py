@@ -166,7 +166,7 @@ def _fuse(
     DTensor merges a run of consecutive steps with the same (from, to) pair into one
     collective over the flattened mesh of their axes, if that mesh exists (``apply``
     creates one for every run of adjacent axes): gathers must come innermost first,
-    reduce-scatters outermost first and divide the tensor dim evenly. A run that cannot
+    reduce-scatters outermost first (all-reduces in any order) and divide the tensor dim evenly. A run that cannot
     merge as a whole stays step by step. Output: ``(kind, axes, target)``, kind ``""``
     for a local step.
     """
@@ -181,7 +181,7 @@ def _fuse(
                 j += 1
         run = steps[i:j]
         axes = [s[0] for s in run]
-        order = sorted(axes, reverse=kind == "all_gather")
+        order = axes if kind == "all_reduce" else sorted(axes, reverse=kind == "all_gather")
         contiguous = sorted(axes) == list(range(min(axes), max(axes) + 1))
         even = kind != "reduce_scatter" or (
             shape[sharded_dim(b)] % math.prod(mesh_shape[x] for x in axes) == 0

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.tensor._ops  # noqa: F401  (registers DTensor's rules)
 import torch.distributed.tensor._ops.utils as _dtensor_op_utils
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -32,6 +33,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import (
     _fill_single_dim_strategy_placeholders,
     _ShardingPlaceholder,
 )
+from torch.distributed.tensor._redistribute import Redistribute
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -48,6 +50,7 @@ __all__ = [
     "DeviceMesh",
     "FakeTensor",
     "FakeTensorMode",
+    "LocalTensorMode",
     "OpSchema",
     "OpSpec",
     "OpStrategy",
@@ -60,6 +63,8 @@ __all__ = [
     "TupleStrategy",
     "_StridedShard",
     "einsum_rules",
+    "flatten_axes",
+    "redistribute",
     "extract_tensor_metadata",
     "fill_placeholders",
     "has_op_strategy",
@@ -186,3 +191,31 @@ def init_fake_process_group(world_size: int) -> None:
             return
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def flatten_axes(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
+    """The flattened mesh of ``mesh``'s axes ``names`` (adjacent), created if missing.
+
+    DTensor's redistribute runs a run of same-kind collectives on these axes as one
+    collective over this mesh when it exists.
+    """
+    return mesh[tuple(names)]._flatten("_".join(names))
+
+
+def redistribute(value: DTensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> DTensor:
+    """``value.redistribute(mesh, placements)``, also to ``Partial`` from another placement.
+
+    The public API refuses ``R -> P`` ("for internal use only"), yet a planned strategy
+    may need it (e.g. ``add(P, R)`` as ``add(P, P)``: DTensor's internal step keeps the
+    value on one rank and zeros elsewhere, no communication). Same autograd behaviour.
+    """
+    placements = tuple(placements)
+    if not any(
+        isinstance(p, Partial) and p != q for p, q in zip(placements, value.placements, strict=True)
+    ):
+        return value.redistribute(mesh, placements)
+    dtype = value.to_local().dtype
+    options = {"op_dtype": dtype, "out_dtype": dtype}
+    return Redistribute.apply(
+        value, mesh, placements, False, options | {"backward_options": dict(options)}
+    )

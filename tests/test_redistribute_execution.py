@@ -1,0 +1,85 @@
+"""The redistribution cost model runs the collectives DTensor runs, checked by execution.
+
+For every pair of placements of a small tensor on a 2x2 mesh (and a sample on 2x2x2),
+DTensor redistributes it under ``LocalTensorMode`` (one process simulating every rank,
+with the flattened meshes ``apply`` creates), ``CommDebugMode`` counts the collectives,
+and the count per kind must equal the steps :class:`RedistributeModel` prices. A
+transition the model calls impossible is one DTensor refuses or autoplan never offers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+import autoplan
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.topology import Topology
+from autoplan.execute import collective_counts, flatten_mesh_groups
+from autoplan.placements import fmt
+from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, Shard, redistribute
+
+CHOICES = (Replicate(), Partial(), Shard(0), Shard(1))
+SHAPE = (8, 8)
+
+
+def _start(x: torch.Tensor, mesh, src) -> DTensor:
+    """``x`` placed as ``src``; a Partial axis holds x on its first rank and 0 elsewhere."""
+    cleared = tuple(Replicate() if isinstance(p, Partial) else p for p in src)
+    return redistribute(distribute_tensor(x, mesh, list(cleared)), mesh, src)  # R -> P: local
+
+
+def _check(mesh, model: RedistributeModel, src, dst) -> str | None:
+    steps = model.steps(src, dst, SHAPE, 4)
+    if steps is None:
+        return None
+    x = torch.arange(64.0).reshape(SHAPE)
+    d = _start(x, mesh, src)
+    with CommDebugMode() as comm:
+        out = redistribute(d, mesh, dst)
+    executed = collective_counts(comm.get_comm_counts())
+    priced = dict(Counter(kind for kind, *_ in steps))
+    if executed != priced:
+        return f"{fmt(src)} -> {fmt(dst)}: DTensor ran {executed}, priced {priced}"
+    if not torch.equal(out.full_tensor(), x):
+        return f"{fmt(src)} -> {fmt(dst)}: wrong values"
+    return None
+
+
+def _model(mesh_shape) -> RedistributeModel:
+    return RedistributeModel(mesh_shape, CollectiveModel(Topology()))
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, names, sample",
+    [((2, 2), ("a", "b"), None), ((2, 2, 2), ("a", "b", "c"), 300)],
+)
+def test_priced_collectives_are_the_ones_dtensor_runs(mesh_shape, names, sample):
+    mesh = autoplan.fake_mesh(mesh_shape, names)
+    model = _model(mesh_shape)
+    pairs = list(itertools.product(itertools.product(CHOICES, repeat=len(mesh_shape)), repeat=2))
+    if sample is not None:
+        pairs = random.Random(0).sample(pairs, sample)
+    with LocalTensorMode(mesh.size()):
+        flatten_mesh_groups(mesh)
+        bad = [msg for src, dst in pairs if (msg := _check(mesh, model, src, dst))]
+    assert not bad, f"{len(bad)} of {len(pairs)} transitions differ, e.g. {bad[:5]}"
+
+
+def test_nested_shard_needs_a_gather_and_fused_steps_are_one_collective():
+    """RS(0) -> S(0)S(0) is no local slice (the local pieces differ); PP -> S(0)S(0) and
+    S(0)S(0) -> RR are one collective each over the flattened group."""
+    model = _model((2, 2))
+    kinds = lambda s, d: [(k, axes) for k, axes, *_ in model.steps(s, d, SHAPE, 4)]  # noqa: E731
+    r, p, s0 = Replicate(), Partial(), Shard(0)
+    assert kinds((r, s0), (s0, s0)) == [("all_gather", (1,))]
+    assert kinds((p, p), (s0, s0)) == [("reduce_scatter", (0, 1))]
+    assert kinds((s0, s0), (r, r)) == [("all_gather", (0, 1))]
+    assert kinds((r, r), (s0, s0)) == []
