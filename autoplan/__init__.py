@@ -3,7 +3,8 @@
 Public API: :func:`plan` finds a sharding plan for a model over a device
 mesh; :class:`Plan` holds it; :class:`PlanConfig` configures planning;
 :func:`fake_mesh` makes a planning mesh of any size on one CPU;
-:func:`parallelize` places a model's parameters per a plan on a real mesh.
+:func:`parallelize` turns a model into one that runs a plan on a real mesh, fed by
+:func:`shard_inputs`.
 """
 
 from autoplan.apply import full_gradients, parallelize, shard_inputs

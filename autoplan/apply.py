@@ -146,16 +146,19 @@ def _replicate_buffers(model: nn.Module, mesh: DeviceMesh) -> None:
 
 def shard_inputs(
     inputs: torch.Tensor | tuple[torch.Tensor, ...],
-    placements: Sequence[Sequence[Placement] | str],
+    placements: Plan | Sequence[Sequence[Placement] | str],
     mesh: DeviceMesh,
 ) -> tuple[DTensor, ...]:
     """Turn a GLOBAL batch (the same tensors on every rank) into DTensors to feed the model.
 
-    ``placements`` gives one entry per input, the same ones passed to ``autoplan.plan``
-    as ``input_placements``: a tuple of DTensor placements or a short string such as
-    ``"S(0)R"``. Rank 0's values are the source, so ranks need not hold bitwise-equal
-    batches; each keeps only its shard.
+    ``placements`` is the plan itself (its input placements are used) or one entry per
+    input, the same ones passed to ``autoplan.plan`` as ``input_placements``: a tuple of
+    DTensor placements or a short string such as ``"S(0)R"``. Rank 0's values are the
+    source, so ranks need not hold bitwise-equal batches; each keeps only its shard. A
+    parallelized model takes these DTensors, or their ``to_local()`` shards.
     """
+    if isinstance(placements, Plan):
+        placements = input_placements(placements)
     tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     if len(tensors) != len(placements):
         raise ValueError(
@@ -216,6 +219,7 @@ class _PlannedState:
                 f"{len(args)}."
             )
         out = []
+        planned = self.plan.input_shapes or (None,) * len(args)
         for i, (x, want) in enumerate(zip(args, self.placements, strict=True)):
             if isinstance(x, DTensor):
                 if tuple(x.placements) != want:
@@ -232,6 +236,12 @@ class _PlannedState:
                 )
             else:
                 raise TypeError(f"input {i} is a {type(x).__name__}; pass tensors (local shards).")
+            if planned[i] is not None and tuple(out[-1].shape) != tuple(planned[i]):
+                raise ValueError(
+                    f"input {i} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} on "
+                    f"mesh {tuple(self.mesh.shape)}) but the plan was made for {tuple(planned[i])}; "
+                    "pass each rank's shard of a batch of the planned shape, or plan again."
+                )
         return tuple(out)
 
     def graph(self, model: nn.Module, inputs: Sequence[DTensor]) -> PlannedGraph:

@@ -49,6 +49,7 @@ class Plan:
     graph_nodes: int = 0
     solver: str = "cbc"
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    input_shapes: tuple[tuple[int, ...], ...] = ()
     fallback_ops: tuple[str, ...] = ()
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -65,6 +66,7 @@ class Plan:
         d["axis_names"] = list(self.axis_names)
         d["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
         d["fallback_ops"] = list(self.fallback_ops)
+        d["input_shapes"] = [list(s) for s in self.input_shapes]
         return json.dumps(d, indent=1, sort_keys=True)
 
     def save(self, path: str | Path) -> None:
@@ -86,6 +88,7 @@ class Plan:
         d["axis_names"] = tuple(d["axis_names"])
         d["param_shapes"] = {k: tuple(v) for k, v in d.get("param_shapes", {}).items()}
         d["fallback_ops"] = tuple(d.get("fallback_ops", ()))
+        d["input_shapes"] = tuple(tuple(s) for s in d.get("input_shapes", ()))
         return cls(**d)
 
     @classmethod

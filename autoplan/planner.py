@@ -215,6 +215,7 @@ def _plan_fields(
         "graph_nodes": traced.num_nodes,
         "solver": config.solver,
         "param_shapes": shapes,
+        "input_shapes": tuple(tuple(traced.node(n).meta["val"].shape) for n in traced.inputs),
         "fallback_ops": table.fallback_ops,
     }
 

@@ -321,3 +321,26 @@ def test_partial_and_strided_parameters_are_not_supported_yet(placement):
     placements = dict(plan.param_placements) | {"layers.0.w2.weight": parse(placement, 1)}
     with pytest.raises(NotImplementedError, match=r"'layers\.0\.w2\.weight'.*not yet supported"):
         parallelize(model, dataclasses.replace(plan, param_placements=placements), mesh)
+
+
+def test_plan_for_another_graph_or_batch_is_a_clear_error(mlp_plans):
+    """A plan whose nodes do not match the traced graph, or a batch of another global
+    shape than planned, is a ValueError that says what differs (no DTensor traceback)."""
+    from autoplan.apply import _PlannedState
+    from autoplan.execute import PlannedGraph
+    from autoplan.rewrite import rewrite
+    from autoplan.trace import trace_joint
+
+    plan = mlp_plans["ddp"][1]
+    mesh = autoplan.fake_mesh((WORLD,), ("dp",))
+    traced, _ = rewrite(trace_joint(_mlp(), MODELS["mlp"][1]), mm_mode="einsum")
+    PlannedGraph(traced, plan, mesh)  # the plan's own graph fits
+    nodes = {k: v for k, v in plan.node_placements.items() if k != "gelu"}
+    with pytest.raises(
+        ValueError, match=r"1 nodes have no planned placement \(first: \['gelu'\]\)"
+    ):
+        PlannedGraph(traced, dataclasses.replace(plan, node_placements=nodes), mesh)
+    state = _PlannedState(plan, mesh)
+    with pytest.raises(ValueError, match=r"global shape \(32, 32, 64\).*made for \(16, 32, 64\)"):
+        state.inputs([torch.randn(8, 32, 64)])  # a local shard of a batch of 32, not 16
+    assert tuple(state.inputs([torch.randn(4, 32, 64)])[0].shape) == (16, 32, 64)
