@@ -68,7 +68,10 @@ class Run:
     def build_model(self) -> nn.Module:
         """The model on the meta device (no memory)."""
         if self.hf_kind is not None:
-            return hf.build_hf(self.hf_kind, self.model_args)
+            try:
+                return hf.build_hf(self.hf_kind, self.model_args)
+            except hf.HFConfigError as exc:
+                raise RunFileError(f"{self.source}: model.config: {exc}") from exc
         with torch.device("meta"):
             if self.model_name == "llama3":
                 return Transformer(ModelArgs(**self.model_args))
@@ -167,9 +170,16 @@ def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(config, dict):
         raise _err(source, "model.config", config, "expected a mapping of config fields")
     try:
+        allowed = hf.config_keys(kind)
+        for k in config:
+            if k not in allowed:
+                raise RunFileError(
+                    f"{source}: unknown key model.config.{k} for hf: {kind}; "
+                    f"allowed: {', '.join(allowed)}"
+                )
         hf.make_config(kind, config)
     except hf.HFConfigError as exc:
-        raise RunFileError(f"{source}: model.{exc}") from exc
+        raise RunFileError(f"{source}: model.config: {exc}") from exc
     return f"hf:{kind}", config
 
 

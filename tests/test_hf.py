@@ -161,9 +161,18 @@ def _write(tmp_path: Path, model: str, inputs: str = "{batch: 8, seq: 32}") -> P
     "model, inputs, message",
     [
         ("{hf: bert}", None, r"model\.hf = 'bert'.*allowed: gpt2, llama, qwen2, mistral"),
-        ("{hf: gpt2, config: {n_layers: 2}}", None, r"unknown key config\.n_layers.*n_layer"),
+        (
+            "{hf: gpt2, config: {n_layers: 2}}",
+            None,
+            r"unknown key model\.config\.n_layers.*n_layer,",
+        ),
         ("{hf: llama, config: {hidden_size: 65}}", None, r"model\.config.*hidden size \(65\)"),
         ("{hf: gpt2, config: {n_embd: x}}", None, r"model\.config.*n_embd.*expected int"),
+        (
+            "{hf: mistral, config: {num_attention_heads: 4, num_key_value_heads: 3}}",
+            None,
+            r"model\.config: num_key_value_heads \(3\) must divide num_attention_heads \(4\)",
+        ),
         ("{hf: gpt2, config: [1, 2]}", None, r"model\.config = \[1, 2\].*mapping"),
         ("{hf: gpt2, name: llama3}", None, r"model\.name cannot be combined with model\.hf"),
         ("{name: llama3, config: {}}", None, r"model\.config belongs to a Hugging Face model"),
@@ -180,6 +189,13 @@ def test_bad_hf_run_file_is_a_clear_error(tmp_path, model, inputs, message):
     with pytest.raises(RunFileError, match=message) as info:
         load_run(path)
     assert str(path) in str(info.value)
+
+
+def test_config_a_layer_rejects_is_a_clear_error(tmp_path):
+    """A config GPT2Config accepts but its attention rejects (65 dims, 4 heads) names the file."""
+    run = load_run(_write(tmp_path, "{hf: gpt2, config: {n_embd: 65, n_head: 4}}"))
+    with pytest.raises(RunFileError, match=r"run\.yaml: model\.config: GPT2LMHeadModel.*65"):
+        run.build_model()
 
 
 def test_missing_transformers_says_how_to_install(tmp_path, monkeypatch):

@@ -136,8 +136,8 @@ def _attention(kind: str, asked: Any, model_cls: type) -> str:
         return "eager"
     warnings.warn(
         f"autoplan: {kind} attn_implementation={asked!r} cannot be traced on fake CPU tensors; "
-        f"planning with {default!r} instead (same math, same shapes)",
-        stacklevel=3,
+        f"planning with {default!r} (transformers' SDPA) instead: same math, same shapes",
+        stacklevel=2,  # one location: shown once however often the config is built
     )
     return default
 
@@ -154,18 +154,28 @@ def make_config(kind: str, config: Mapping[str, Any] | None = None) -> Any:
     for key in given:
         if key not in allowed:
             raise HFConfigError(
-                f"unknown key config.{key} for hf: {kind} ({config_cls.__name__}); "
+                f"unknown {config_cls.__name__} key {key!r} for hf: {kind}; "
                 f"allowed: {', '.join(allowed)}"
             )
     attn = _attention(kind, given.pop("attn_implementation", None), model_cls)
     defaults: dict[str, Any] = {"use_cache": False} | dict.fromkeys(TOKEN_IDS)
     if kind == "gpt2":
         defaults |= dict.fromkeys(GPT2_DROPOUTS, 0.0)
+    from huggingface_hub.errors import StrictDataclassError  # transformers' config checks
+
     try:
-        return config_cls(**(defaults | given), attn_implementation=attn)
-    except Exception as exc:  # strict-dataclass, type and architecture checks of transformers
+        cfg = config_cls(**(defaults | given), attn_implementation=attn)
+    except (StrictDataclassError, TypeError, ValueError) as exc:
         detail = " ".join(str(exc).split())
-        raise HFConfigError(f"config for hf: {kind} is not valid: {detail}") from exc
+        raise HFConfigError(f"not a valid {config_cls.__name__} for hf: {kind}: {detail}") from exc
+    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None)
+    if kv_heads is not None and (kv_heads < 1 or heads % kv_heads):
+        # transformers does not check this; the forward pass would fail in repeat_kv
+        raise HFConfigError(
+            f"num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads}) "
+            f"for hf: {kind}; set num_key_value_heads to a divisor of {heads}"
+        )
+    return cfg
 
 
 def build_hf(
@@ -189,8 +199,13 @@ def build_hf(
         (model_cls,),
         {"forward": forward, "__doc__": f"{model_cls.__name__} whose forward returns logits."},
     )
-    with torch.device(device):
-        return logits_cls(cfg)
+    try:
+        with torch.device(device):
+            return logits_cls(cfg)
+    except ValueError as exc:  # layer checks the config class does not make (GPT-2's heads)
+        raise HFConfigError(
+            f"{model_cls.__name__} cannot be built from this config: {exc}"
+        ) from exc
 
 
 def position_limit(kind: str, config: Any) -> int | None:
