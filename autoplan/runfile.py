@@ -7,6 +7,7 @@ file, the key, the value and what is allowed; never a traceback from inside.
 Schema::
 
     model:    {name: llama3 | mlp, args: {...ModelArgs / TinyMLP fields}}
+              | {hf: gpt2 | llama | qwen2 | mistral, config: {...transformers config fields}}
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
     plan:     {mm_mode, memory_budget_gib, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
@@ -28,6 +29,7 @@ from torch import nn
 
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Topology
+from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import Placements, parse
@@ -42,7 +44,11 @@ class RunFileError(ValueError):
 
 @dataclass(frozen=True)
 class Run:
-    """Everything a planning run needs, read from one file."""
+    """Everything a planning run needs, read from one file.
+
+    A Hugging Face model has ``model_name`` ``"hf:<kind>"`` and its config fields in
+    ``model_args``.
+    """
 
     source: str
     model_name: str
@@ -54,14 +60,28 @@ class Run:
     axis_names: tuple[str, ...]
     config: PlanConfig
 
+    @property
+    def hf_kind(self) -> str | None:
+        """``gpt2`` / ``llama`` / ... for a Hugging Face model, else ``None``."""
+        return self.model_name.removeprefix("hf:") if self.model_name.startswith("hf:") else None
+
     def build_model(self) -> nn.Module:
         """The model on the meta device (no memory)."""
+        if self.hf_kind is not None:
+            try:
+                return hf.build_hf(self.hf_kind, self.model_args)
+            except hf.HFConfigError as exc:
+                raise RunFileError(f"{self.source}: model.config: {exc}") from exc
         with torch.device("meta"):
             if self.model_name == "llama3":
                 return Transformer(ModelArgs(**self.model_args))
             return TinyMLP(**self.model_args)
 
     def input_fn(self) -> Callable[[], torch.Tensor]:
+        """Global example inputs: token ids (batch, seq) for language models."""
+        if self.hf_kind is not None:
+            vocab = hf.make_config(self.hf_kind, self.model_args).vocab_size
+            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
         if self.model_name == "llama3":
             vocab = ModelArgs(**self.model_args).vocab_size
             return lambda: torch.randint(0, vocab, (self.batch, self.seq))
@@ -135,11 +155,44 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     return _parse(raw, source)
 
 
-def _parse(raw: dict[str, Any], source: str) -> Run:
-    model = _section(raw, "model", source, ("name", "args"))
+def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+    """``model: {hf: kind, config: {...}}`` -> (``"hf:kind"``, config), checked."""
+    other = sorted({"name", "args"} & set(model))
+    if other:
+        raise RunFileError(
+            f"{source}: model.{other[0]} cannot be combined with model.hf; a Hugging Face "
+            "model is described by model.hf and model.config only"
+        )
+    kind = model["hf"]
+    if kind not in hf.KINDS:
+        raise _err(source, "model.hf", kind, f"allowed: {', '.join(hf.KINDS)}")
+    config = model.get("config", {}) or {}
+    if not isinstance(config, dict):
+        raise _err(source, "model.config", config, "expected a mapping of config fields")
+    try:
+        allowed = hf.config_keys(kind)
+        for k in config:
+            if k not in allowed:
+                raise RunFileError(
+                    f"{source}: unknown key model.config.{k} for hf: {kind}; "
+                    f"allowed: {', '.join(allowed)}"
+                )
+        hf.make_config(kind, config)
+    except hf.HFConfigError as exc:
+        raise RunFileError(f"{source}: model.config: {exc}") from exc
+    return f"hf:{kind}", config
+
+
+def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+    """``model: {name: llama3 | mlp, args: {...}}`` -> (name, args), checked."""
+    if "config" in model:
+        raise RunFileError(
+            f"{source}: model.config belongs to a Hugging Face model (model.hf); "
+            "a reference model takes model.name and model.args"
+        )
     name = model.get("name", "llama3")
     if name not in MODELS:
-        raise _err(source, "model.name", name, f"allowed: {', '.join(MODELS)}")
+        raise _err(source, "model.name", name, f"allowed: {', '.join(MODELS)}, or model.hf")
     args = model.get("args", {}) or {}
     if not isinstance(args, dict):
         raise _err(source, "model.args", args, "expected a mapping of model arguments")
@@ -158,6 +211,15 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
             ModelArgs(**args) if name == "llama3" else TinyMLP(**args)
     except (TypeError, ValueError) as exc:
         raise RunFileError(f"{source}: model.args: {exc}") from exc
+    return name, args
+
+
+def _parse(raw: dict[str, Any], source: str) -> Run:
+    model = _section(raw, "model", source, ("name", "args", "hf", "config"))
+    if "hf" in model:
+        name, args = _parse_hf(model, source)
+    else:
+        name, args = _parse_reference(model, source)
 
     mesh = _section(raw, "mesh", source, ("shape", "names"))
     shape = mesh.get("shape")
@@ -179,6 +241,17 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
     inputs = _section(raw, "inputs", source, ("batch", "seq", "placements"))
     batch = _int(source, "inputs.batch", inputs.get("batch", 8))
     seq = _int(source, "inputs.seq", inputs.get("seq", 32))
+    if name.startswith("hf:"):
+        kind = name.removeprefix("hf:")
+        limit = hf.position_limit(kind, hf.make_config(kind, args))
+        if limit is not None and seq > limit:
+            raise _err(
+                source,
+                "inputs.seq",
+                seq,
+                f"at most {limit}, the model's learned position table (model.config.n_positions); "
+                "raise n_positions or shorten seq",
+            )
     specs = inputs.get("placements")
     placements: tuple[Placements, ...] = ()
     if specs is not None:

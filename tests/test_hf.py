@@ -1,0 +1,322 @@
+"""Hugging Face models: run files with ``model.hf`` build, trace, plan and (slow) execute."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import autoplan
+from autoplan.apply import full_gradients, parallelize, shard_inputs
+from autoplan.cli import main
+from autoplan.models import hf
+from autoplan.placements import fmt
+from autoplan.plan import Plan
+from autoplan.runfile import Run, RunFileError, load_run
+from autoplan.trace import trace_joint
+
+pytest.importorskip("transformers")
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+GPT2 = CONFIGS / "hf_gpt2_tiny.yaml"
+LLAMA = CONFIGS / "hf_llama_tiny.yaml"
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def _plan(run: Run) -> Plan:
+    return autoplan.plan(
+        run.build_model(),
+        run.input_fn(),
+        autoplan.fake_mesh(run.mesh_shape, run.axis_names),
+        config=run.config,
+        input_placements=list(run.input_placements),
+    )
+
+
+def _assert_planned(run: Run, plan: Plan) -> None:
+    names = {n for n, _ in run.build_model().named_parameters()}
+    assert plan.status == "optimal"
+    assert set(plan.param_placements) == names
+    assert all(len(p) == 2 for p in plan.param_placements.values())
+    # Only the rotary / position arange lacks a rule; attention is planned, not replicated.
+    assert set(plan.fallback_ops) <= {"aten.arange.default"}, plan.fallback_ops
+
+
+@pytest.mark.parametrize("path", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_tiny_config_plans_on_2x2(path):
+    """The shipped gpt2 / llama tiny configs plan to optimal on (dp=2, tp=2), every parameter placed."""
+    run = load_run(path)
+    assert run.mesh_shape == (2, 2)
+    _assert_planned(run, _plan(run))
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_qwen2_and_mistral_plan(kind):
+    """qwen2 and mistral take the tiny LLaMA config's fields and plan too (one layer)."""
+    run = load_run(LLAMA, [f"model.hf={kind}", "model.config.num_hidden_layers=1"])
+    assert run.hf_kind == kind
+    model = run.build_model()
+    assert type(model).__mro__[1].__name__ == f"{kind.capitalize()}ForCausalLM"
+    _assert_planned(run, _plan(run))
+
+
+def test_model_is_on_meta_with_hf_parameter_names():
+    """The model is the HF class on the meta device, with HF's parameter names."""
+    model = hf.build_hf("llama", {"num_hidden_layers": 1, "hidden_size": 32, "vocab_size": 64})
+    names = [n for n, _ in model.named_parameters()]
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert model.config.use_cache is False and model.config._attn_implementation == hf.SDPA
+
+
+def test_forward_returns_logits():
+    """forward(input_ids) returns the logits tensor, the same as HF's own output's logits."""
+    config = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64}
+    torch.manual_seed(0)
+    model = hf.build_hf("gpt2", config, device="cpu")
+    x = torch.randint(0, 64, (2, 8))
+    out = model(x)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 8, 64)
+    plain = type(model).__mro__[1].forward(model, input_ids=x).logits
+    assert torch.equal(out, plain)
+
+
+def test_set_overrides_hf_config_key():
+    """--set model.config.n_layer=3 reaches the HF config and the built model."""
+    run = load_run(GPT2, ["model.config.n_layer=3"])
+    assert run.model_args["n_layer"] == 3
+    assert len(run.build_model().transformer.h) == 3
+
+
+def test_inputs_are_token_ids_below_vocab():
+    """Inputs are (batch, seq) int64 token ids drawn below the config's vocab_size."""
+    run = load_run(GPT2, ["model.config.vocab_size=96"])
+    x = run.input_fn()()
+    assert x.shape == (8, 32) and x.dtype == torch.int64
+    assert int(x.max()) < 96
+
+
+def _flash_kwargs(kind: str, config: dict) -> list[dict]:
+    model = hf.build_hf(kind, config)
+    traced = trace_joint(model, lambda: torch.randint(0, 64, (2, 16)))
+    return [
+        n.normalized_arguments(traced.gm, normalize_to_only_use_kwargs=True).kwargs
+        for n in traced.gm.graph.nodes
+        if str(n.target) == CPU_FLASH
+    ]
+
+
+def test_attention_is_causal_without_a_mask():
+    """The traced attention is SDPA with is_causal and no materialized mask, as in eager training."""
+    small = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}
+    calls = _flash_kwargs("gpt2", small)
+    assert len(calls) == 2
+    assert all(c.get("is_causal") is True and c.get("attn_mask") is None for c in calls)
+
+
+def test_sliding_window_shorter_than_seq_keeps_its_mask():
+    """A Mistral window shorter than the sequence is not plain causal: the mask stays."""
+    small = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2}
+    small |= {"num_key_value_heads": 1}
+    assert _flash_kwargs("mistral", small | {"vocab_size": 64})[0].get("attn_mask") is None
+    windowed = _flash_kwargs("mistral", small | {"vocab_size": 64, "sliding_window": 4})
+    assert windowed[0].get("attn_mask") is not None
+
+
+def test_untraceable_attention_is_switched_with_a_warning():
+    """attn_implementation=flash_attention_2 is replaced by SDPA, with a warning naming it."""
+    with pytest.warns(UserWarning, match="flash_attention_2.*autoplan_sdpa"):
+        model = hf.build_hf("gpt2", {"n_layer": 1, "attn_implementation": "flash_attention_2"})
+    assert model.config._attn_implementation == hf.SDPA
+    eager = hf.build_hf("gpt2", {"n_layer": 1, "attn_implementation": "eager"})
+    assert eager.config._attn_implementation == "eager"
+
+
+def _write(tmp_path: Path, model: str, inputs: str = "{batch: 8, seq: 32}") -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        model: {model}
+        inputs: {inputs}
+        mesh: {{shape: [2, 2], names: [dp, tp]}}
+        """)
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "model, inputs, message",
+    [
+        ("{hf: bert}", None, r"model\.hf = 'bert'.*allowed: gpt2, llama, qwen2, mistral"),
+        (
+            "{hf: gpt2, config: {n_layers: 2}}",
+            None,
+            r"unknown key model\.config\.n_layers.*n_layer,",
+        ),
+        ("{hf: llama, config: {hidden_size: 65}}", None, r"model\.config.*hidden size \(65\)"),
+        ("{hf: gpt2, config: {n_embd: x}}", None, r"model\.config.*n_embd.*expected int"),
+        (
+            "{hf: mistral, config: {num_attention_heads: 4, num_key_value_heads: 3}}",
+            None,
+            r"model\.config: num_key_value_heads \(3\) must divide num_attention_heads \(4\)",
+        ),
+        ("{hf: gpt2, config: [1, 2]}", None, r"model\.config = \[1, 2\].*mapping"),
+        ("{hf: gpt2, name: llama3}", None, r"model\.name cannot be combined with model\.hf"),
+        ("{name: llama3, config: {}}", None, r"model\.config belongs to a Hugging Face model"),
+        (
+            "{hf: gpt2, config: {n_positions: 16}}",
+            "{batch: 8, seq: 32}",
+            r"inputs\.seq = 32.*at most 16.*n_positions",
+        ),
+    ],
+)
+def test_bad_hf_run_file_is_a_clear_error(tmp_path, model, inputs, message):
+    """Each bad HF model section gives a RunFileError naming the file, the key and the fix."""
+    path = _write(tmp_path, model, inputs or "{batch: 8, seq: 32}")
+    with pytest.raises(RunFileError, match=message) as info:
+        load_run(path)
+    assert str(path) in str(info.value)
+
+
+def test_config_a_layer_rejects_is_a_clear_error(tmp_path):
+    """A config GPT2Config accepts but its attention rejects (65 dims, 4 heads) names the file."""
+    run = load_run(_write(tmp_path, "{hf: gpt2, config: {n_embd: 65, n_head: 4}}"))
+    with pytest.raises(RunFileError, match=r"run\.yaml: model\.config: GPT2LMHeadModel.*65"):
+        run.build_model()
+
+
+def test_missing_transformers_says_how_to_install(tmp_path, monkeypatch):
+    """Without transformers installed, the error says pip install -e '.[hf]'."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(RunFileError, match=r"pip install -e '\.\[hf\]'"):
+        load_run(_write(tmp_path, "{hf: gpt2}"))
+
+
+def test_cli_validate_hf_config(capsys):
+    """autoplan validate on the HF gpt2 config reports the model and its parameter count."""
+    assert main(["validate", str(GPT2)]) == 0
+    assert "model: hf:gpt2, 112,384 parameters" in capsys.readouterr().out
+
+
+# --- execution: the plans run on 4 gloo processes and match one device -------------
+
+WORLD = 4
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
+    return bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL)), float((a - b).abs().max())
+
+
+def _check(case: dict, mesh) -> dict:
+    """Loss, gradients and one SGD step of the planned model against one device.
+
+    SDPA's math backend on both sides: DTensor has no rule for the fused CPU kernel the
+    plan was traced with; ``implicit_replication`` lets the position ids (a plain tensor)
+    meet DTensors.
+    """
+    plan = Plan.from_json(case["plan"])
+    torch.manual_seed(0)
+    model = hf.build_hf(case["kind"], case["config"], device="cpu")
+    torch.manual_seed(1)
+    x = torch.randint(0, case["vocab"], (case["batch"], case["seq"]))
+    with sdpa_kernel(SDPBackend.MATH), implicit_replication():
+        ref = copy.deepcopy(model)
+        ref_loss = ref(x).float().mean()
+        ref_loss.backward()
+        torch.optim.SGD(ref.parameters(), lr=0.1).step()
+        pmodel = parallelize(model, plan, mesh)
+        (xd,) = shard_inputs(x, [case["input"]], mesh)
+        loss = pmodel(xd).float().mean()
+        loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+        loss.backward()
+        grads = full_gradients(pmodel)
+        torch.optim.SGD(pmodel.parameters(), lr=0.1).step()
+    ref_params = dict(ref.named_parameters())
+    return {
+        "placed": {n: fmt(p.placements) for n, p in pmodel.named_parameters()},
+        "loss": _close(loss.detach(), ref_loss.detach()),
+        "grads": {n: _close(g, ref_params[n].grad) for n, g in grads.items()},
+        "missing_grads": sorted(set(ref_params) - set(grads)),
+        "sgd": {
+            n: _close(p.full_tensor().detach(), ref_params[n].detach())
+            for n, p in pmodel.named_parameters()
+        },
+    }
+
+
+def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
+    try:
+        results = {}
+        for case in cases:
+            plan = Plan.from_json(case["plan"])
+            mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
+            results[case["name"]] = _check(case, mesh)
+        if rank == 0:
+            Path(out_dir, "results.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _case(name: str, path: Path, overrides: list[str]) -> dict:
+    run = load_run(path, overrides)
+    return {
+        "name": name,
+        "kind": run.hf_kind,
+        "config": run.model_args,
+        "vocab": hf.make_config(run.hf_kind, run.model_args).vocab_size,
+        "batch": run.batch,
+        "seq": run.seq,
+        "input": fmt(run.input_placements[0]),
+        "plan": _plan(run).to_json(),
+    }
+
+
+@pytest.mark.slow
+def test_hf_plans_execute_on_4_gloo_ranks(tmp_path):
+    """gpt2 and llama tiny plans, free and memory-tight, match one device under apply.parallelize."""
+    cases = [
+        _case("gpt2", GPT2, []),
+        _case("gpt2_tight", GPT2, ["plan.memory_budget_gib=0.0005"]),
+        _case("llama", LLAMA, []),
+        _case("llama_tight", LLAMA, ["plan.memory_budget_gib=0.0006", "plan.solver=highs"]),
+    ]
+    mp.spawn(_worker, args=(_free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
+    results = json.loads(Path(tmp_path, "results.json").read_text())
+    for name, result in results.items():
+        assert result["loss"][0], f"{name}: loss differs by {result['loss'][1]:.3g}"
+        assert not result["missing_grads"], (name, result["missing_grads"])
+        bad = {n: d for n, (ok, d) in result["grads"].items() if not ok}
+        assert not bad, f"{name}: gradients differ (max abs diff): {bad}"
+        bad = {n: d for n, (ok, d) in result["sgd"].items() if not ok}
+        assert not bad, f"{name}: weights after one SGD step differ: {bad}"
+    # The tight budgets force sharded weights, so execution covers more than replication.
+    for name in ("gpt2_tight", "llama_tight"):
+        assert any("S(" in p for p in results[name]["placed"].values()), results[name]["placed"]
