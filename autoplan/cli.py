@@ -64,7 +64,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = run_plan(run, quiet=args.quiet or args.json)
     if args.out:
         result.save(args.out)
-    print(result.to_json() if args.json else result.summary())
+    print(result.to_json(timings=True) if args.json else result.summary())
     if args.out and not args.json:
         print(f"plan written to {args.out}")
     return 1 if result.status == "infeasible" else 0
@@ -75,7 +75,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json), by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
     if args.out:
-        title = f"{run.source}: compute and comm per layer kind, mesh {run.mesh_shape}"
+        mesh = " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
+        title = f"{run.source}: compute and comm per layer kind, mesh {mesh}"
         json_path, png_path = write_compare(result, args.out, title)
         print(f"comparison written to {json_path}, chart to {png_path}", file=sys.stderr)
     statuses = [result[m]["status"] for m in ("einsum", "native")]

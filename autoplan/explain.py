@@ -219,8 +219,9 @@ def format_explain(result: dict[str, Any]) -> str:
         f"chosen {r['strategy']}   compute {r['compute_us']:.2f} us   "
         f"input comm {r['comm_us']:.2f} us{mem}"
     )
+    width = max((len(e["edge"]) for e in r["edges"]), default=0)
     for e in r["edges"]:
-        lines.append(f"  {e['edge']:<44} {e['us']:9.2f} us  {e['moves']}")
+        lines.append(f"  {e['edge']:<{width}}  {e['us']:9.2f} us  {e['moves']}")
     if r["moves_with"]:
         lines.append(
             "moves with its merged group (collapse_followers): " + ", ".join(r["moves_with"])
@@ -244,7 +245,8 @@ def format_explain(result: dict[str, Any]) -> str:
     )
     for a in r["alternatives"]:
         flag = "  OVER BUDGET" if a["over_budget"] else ""
-        mem = f"  memory {human_bytes(a['memory_delta_bytes'])}" if a["memory_delta_bytes"] else ""
+        d = a["memory_delta_bytes"]
+        mem = f"  memory {'+' if d > 0 else ''}{human_bytes(d)}" if d else ""
         lines.append(
             f"  {a['delta_us']:+10.2f} us  {a['strategy']:<28} compute {a['compute_delta_us']:+.2f}"
             f"  comm {a['comm_delta_us']:+.2f}{mem}{flag}"

@@ -80,6 +80,12 @@ class Rebuilt:
         return float(self.costs.compute[v][self.choice[v]]), comm
 
 
+def _yaml(value: object) -> str:
+    return (
+        "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
 def _differences(run: Run, plan: Plan) -> list[str]:
     diffs = []
     if tuple(plan.mesh_shape) != run.mesh_shape or tuple(plan.axis_names) != run.axis_names:
@@ -91,7 +97,8 @@ def _differences(run: Run, plan: Plan) -> list[str]:
     for key in sorted(set(want) | set(plan.config)):
         a, b = plan.config.get(key), want.get(key)
         if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)):
-            diffs.append(f"plan.{key}: plan {a!r}, run file {b!r}")
+            where = "topology" if key == "topology" else f"plan.{key}"
+            diffs.append(f"{where}: plan {a!r}, run file {b!r} (--set {where}={_yaml(a)})")
     shapes = {n: tuple(p.shape) for n, p in run.build_model().named_parameters()}
     if plan.param_shapes and shapes != {k: tuple(v) for k, v in plan.param_shapes.items()}:
         changed = sorted(
