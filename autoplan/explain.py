@@ -198,6 +198,7 @@ def explain(rb: Rebuilt, name: str, *, top: int = 5) -> dict[str, Any]:
         ],
         "moves_with": members if len(members) > 1 else [],
         "tied_to": rb.twin.get(root, root) if rb.twin.get(root, root) != root else None,
+        "status": rb.plan.status,
         "num_alternatives": len(alternatives),
         "impossible": impossible,
         "not_allowed": not_allowed,
@@ -230,6 +231,14 @@ def format_explain(result: dict[str, Any]) -> str:
         lines.append(
             f"tied to twin {r['tied_to']} (cluster_layers): the plan moves twins together, "
             "this report moves one, so an alternative may be cheaper alone"
+        )
+    if r["status"] == "time_limit":
+        lines.append("the solver stopped at its time limit: a cheaper alternative is possible")
+    cheaper = [a for a in r["alternatives"] if a["delta_us"] < -TOL_US and not a["over_budget"]]
+    if cheaper and not r["tied_to"] and r["status"] == "optimal":
+        lines.append(
+            f"{len(cheaper)} alternative(s) below are cheaper than the plan with nothing else "
+            "restricting them: the solver missed a better plan (mip_gap or a bug; please report)"
         )
     skipped = []
     if r["impossible"]:

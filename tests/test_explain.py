@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,20 @@ def test_write_compare_next_to_a_file(tmp_path, exact):
     json_path, png_path = write_compare(result, tmp_path / "x.json", "t")
     assert png_path == tmp_path / "x.png" and png_path.read_bytes()[:4] == b"\x89PNG"
     assert json.loads(json_path.read_text())["einsum"]["cost_by_kind"] == kinds
+
+
+def test_a_worse_choice_is_reported_as_missed(exact, tmp_path):
+    """A plan edited to a worse placement shows the original as a cheaper alternative, by the same delta."""
+    rb, _, saved = exact
+    fqn = "layers.0.w1.weight"
+    before = explain(rb, fqn, top=10_000)
+    worse = next(a for a in before["alternatives"] if a["delta_us"] > 1.0)
+    data = json.loads(Path(saved).read_text())
+    data["param_placements"][fqn] = worse["strategy"]
+    data["node_placements"][before["node"]]["out"] = [worse["strategy"]]
+    edited = Plan.from_json(json.dumps(data))
+    after = explain(rebuild(rb.run, edited), fqn, top=1)
+    (best,) = after["alternatives"]
+    assert best["strategy"] == before["strategy"]
+    assert best["delta_us"] == pytest.approx(-worse["delta_us"])
+    assert "missed a better plan" in format_explain(after)
