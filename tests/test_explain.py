@@ -165,6 +165,8 @@ def test_compare_chart_numbers_sum_to_each_plan(tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text(
         MLP.replace("collapse_followers: false, cluster_layers: false", "cluster_layers: true")
+        .replace("[2, 2], names: [dp, tp]", "[4], names: [dp]")
+        .replace('"S(0)R"', '"S(0)"')
     )
     out = tmp_path / "cmp"
     out.mkdir()
