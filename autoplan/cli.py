@@ -4,10 +4,11 @@ Input: argv. Output: text (or JSON) on stdout; exit code 0 success, 1 no plan
 could be made (infeasible), 2 bad input.
 
     autoplan plan CONFIG.yaml [--out plan.json] [--json] [--quiet] [--mm-mode M] [--set k=v]
-    autoplan compare CONFIG.yaml [--json] [--set k=v]
+    autoplan compare CONFIG.yaml [--json] [--out DIR_OR_FILE] [--set k=v]
     autoplan collectives [--topology FILE|preset] [--json]
     autoplan diff A.json B.json [--json]
     autoplan validate CONFIG.yaml [--set k=v]
+    autoplan explain PLAN.json NODE|PARAM --config CONFIG.yaml [--set k=v] [--top 5] [--json]
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from collections.abc import Sequence
 
 import torch
 
-from autoplan.compare import compare, format_compare
+from autoplan.compare import compare, format_compare, write_compare
 from autoplan.cost.collectives import collective_table
 from autoplan.diff import diff_plans, format_diff
+from autoplan.explain import explain, format_explain
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt, is_even
 from autoplan.plan import Plan
 from autoplan.planner import plan
+from autoplan.rebuild import rebuild
 from autoplan.runfile import Run, RunFileError, load_run, load_topology
 
 
@@ -61,7 +64,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = run_plan(run, quiet=args.quiet or args.json)
     if args.out:
         result.save(args.out)
-    print(result.to_json() if args.json else result.summary())
+    print(result.to_json(timings=True) if args.json else result.summary())
     if args.out and not args.json:
         print(f"plan written to {args.out}")
     return 1 if result.status == "infeasible" else 0
@@ -69,8 +72,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
-    result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json))
+    result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json), by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
+    if args.out:
+        mesh = " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
+        title = f"{run.source}: compute and comm per layer kind, mesh {mesh}"
+        json_path, png_path = write_compare(result, args.out, title)
+        print(f"comparison written to {json_path}, chart to {png_path}", file=sys.stderr)
     statuses = [result[m]["status"] for m in ("einsum", "native")]
     return 1 if "infeasible" in statuses else 0
 
@@ -106,6 +114,16 @@ def _load_plan(path: str) -> Plan:
 def _cmd_diff(args: argparse.Namespace) -> int:
     result = diff_plans(_load_plan(args.a), _load_plan(args.b))
     print(json.dumps(result, indent=1) if args.json else format_diff(result))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    saved = _load_plan(args.plan)
+    run = load_run(args.config, args.set)
+    if args.top < 1:
+        raise ValueError(f"--top ({args.top}) must be at least 1.")
+    result = explain(rebuild(run, saved, plan_source=args.plan), args.name, top=args.top)
+    print(json.dumps(result, indent=1) if args.json else format_explain(result))
     return 0
 
 
@@ -154,6 +172,9 @@ def _parser() -> argparse.ArgumentParser:
     pc = sub.add_parser("compare", help="plan in both mm modes and compare side by side")
     pc.add_argument("config")
     pc.add_argument("--json", action="store_true")
+    pc.add_argument(
+        "--out", metavar="DIR_OR_FILE", help="write compare.json and a per-kind PNG chart here"
+    )
     pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pc.set_defaults(func=_cmd_compare)
     pk = sub.add_parser("collectives", help="predicted collective times and bus bandwidth")
@@ -171,6 +192,16 @@ def _parser() -> argparse.ArgumentParser:
     pv.add_argument("config")
     pv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pv.set_defaults(func=_cmd_validate)
+    pe = sub.add_parser(
+        "explain", help="why a node or parameter got its strategy: cost and next best alternatives"
+    )
+    pe.add_argument("plan", metavar="PLAN.json")
+    pe.add_argument("name", metavar="NODE|PARAM", help="graph node name or parameter FQN")
+    pe.add_argument("--config", required=True, help="the run file that made the plan")
+    pe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pe.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
+    pe.add_argument("--json", action="store_true")
+    pe.set_defaults(func=_cmd_explain)
     return p
 
 

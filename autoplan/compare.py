@@ -3,17 +3,23 @@
 Input: a :class:`~autoplan.runfile.Run`. Output: a dict
 ``{"einsum": {...}, "native": {...}, "param_placement_diff": {...}}`` and a
 text table of it. Both modes plan the same model on the same mesh; only
-``PlanConfig.mm_mode`` differs.
+``PlanConfig.mm_mode`` differs. With ``by_kind=True`` each mode's plan is
+re-priced (:mod:`autoplan.rebuild`) and its compute and comm split per layer
+kind (:mod:`autoplan.chart`), for the PNG chart ``autoplan compare --out`` writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from autoplan.chart import cost_by_kind, write_chart
 from autoplan.placements import fmt
 from autoplan.plan import PHASES, Plan
+from autoplan.rebuild import rebuild
 from autoplan.runfile import Run
 
 MODES = ("einsum", "native")
@@ -34,13 +40,22 @@ def _row(p: Plan) -> dict[str, Any]:
     }
 
 
-def compare(run: Run, *, run_plan: Callable[[Run], Plan]) -> dict[str, Any]:
-    """Plan ``run`` in both mm modes; placements that differ are listed per parameter."""
-    plans = {
-        m: run_plan(dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=m)))
+def compare(run: Run, *, run_plan: Callable[[Run], Plan], by_kind: bool = False) -> dict[str, Any]:
+    """Plan ``run`` in both mm modes; placements that differ are listed per parameter.
+
+    ``by_kind`` adds ``cost_by_kind`` (compute and comm per layer kind) to each
+    feasible mode's row.
+    """
+    runs = {
+        m: dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=m))
         for m in MODES
     }
+    plans = {m: run_plan(r) for m, r in runs.items()}
     out: dict[str, Any] = {m: _row(p) for m, p in plans.items()}
+    if by_kind:
+        for m, p in plans.items():
+            if p.status != "infeasible":
+                out[m]["cost_by_kind"] = cost_by_kind(rebuild(runs[m], p))
     diff = {}
     a, b = plans["einsum"].param_placements, plans["native"].param_placements
     for fqn in a:
@@ -48,6 +63,26 @@ def compare(run: Run, *, run_plan: Callable[[Run], Plan]) -> dict[str, Any]:
             diff[fqn] = {"einsum": fmt(a[fqn]), "native": fmt(b[fqn])}
     out["param_placement_diff"] = diff
     return out
+
+
+def output_paths(out: str | Path) -> tuple[Path, Path]:
+    """``--out``: a directory gets ``compare.json`` and ``compare.png``; a file
+    ``X.json`` or ``X.png`` gets both ``X.json`` and ``X.png``."""
+    path = Path(out)
+    if path.is_dir() or str(out).endswith(("/", "\\")):
+        return path / "compare.json", path / "compare.png"
+    return path.with_suffix(".json"), path.with_suffix(".png")
+
+
+def write_compare(result: dict[str, Any], out: str | Path, title: str) -> tuple[Path, Path]:
+    """Write the comparison JSON and its per-kind chart; returns both paths."""
+    json_path, png_path = output_paths(out)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    modes = {m: result[m]["cost_by_kind"] for m in MODES if "cost_by_kind" in result[m]}
+    if modes:
+        write_chart(modes, png_path, title)
+    return json_path, png_path
 
 
 def format_compare(result: dict[str, Any]) -> str:
@@ -97,6 +132,14 @@ def format_compare(result: dict[str, Any]) -> str:
         lines.append(
             f"{'objective native/einsum':<{width}}  {n['objective_us'] / e['objective_us']:>27.3f}"
         )
+    if "cost_by_kind" in e and "cost_by_kind" in n:
+        lines.append("compute + comm per layer kind (ms):")
+        for kind in e["cost_by_kind"]:
+            a, b = e["cost_by_kind"][kind], n["cost_by_kind"][kind]
+            lines.append(
+                f"  {kind:<{width - 2}}  {a['compute_us'] / 1e3:>5.2f} + {a['comm_us'] / 1e3:<5.2f}"
+                f"  {b['compute_us'] / 1e3:>5.2f} + {b['comm_us'] / 1e3:<5.2f}"
+            )
     diff = result["param_placement_diff"]
     lines.append(f"parameters placed differently: {len(diff)}")
     for fqn, d in list(diff.items())[:20]:

@@ -26,7 +26,8 @@ class Plan:
 
     ``param_placements`` maps a parameter FQN to one placement per mesh axis;
     ``node_placements`` maps a graph node to ``{"op", "out", "in"}`` in short
-    form; ``timings`` gives seconds per phase; ``ilp_size`` the solver's
+    form; ``timings`` gives seconds per phase (not saved: see :meth:`to_json`);
+    ``ilp_size`` the solver's
     variables and constraints; ``comm`` the priced collectives by kind
     (count, bytes, microseconds); ``memory_bytes`` the per-device bytes of
     parameters, gradients and optimizer state.
@@ -38,7 +39,7 @@ class Plan:
     comm_us: float
     param_placements: dict[str, Placements]
     node_placements: dict[str, dict[str, Any]]
-    timings: dict[str, float]
+    timings: dict[str, float] = field(compare=False)  # wall clock, not part of the plan
     ilp_size: dict[str, int]
     mesh_shape: tuple[int, ...]
     axis_names: tuple[str, ...]
@@ -59,8 +60,17 @@ class Plan:
 
     # -- JSON -------------------------------------------------------------------
 
-    def to_json(self) -> str:
+    def to_json(self, *, timings: bool = False) -> str:
+        """The plan as JSON: sorted keys, floats in ``repr`` form.
+
+        The wall-clock seconds per phase are the one field that differs between
+        two runs of the same planning problem, so they are left out unless
+        ``timings=True``: :meth:`save` writes the default form, and planning a
+        run file twice writes byte-identical files.
+        """
         d = asdict(self)
+        if not timings:
+            del d["timings"]
         d["param_placements"] = {k: fmt(v) for k, v in self.param_placements.items()}
         d["mesh_shape"] = list(self.mesh_shape)
         d["axis_names"] = list(self.axis_names)
@@ -70,6 +80,7 @@ class Plan:
         return json.dumps(d, indent=1, sort_keys=True)
 
     def save(self, path: str | Path) -> None:
+        """Write the deterministic JSON (no timings); :meth:`load` reads it back."""
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
@@ -82,6 +93,7 @@ class Plan:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"{source}: unknown plan keys {sorted(unknown)}")
+        d.setdefault("timings", {})  # saved plans leave them out
         n = len(d["mesh_shape"])
         d["param_placements"] = {k: parse(v, n) for k, v in d["param_placements"].items()}
         d["mesh_shape"] = tuple(d["mesh_shape"])
@@ -101,11 +113,12 @@ class Plan:
         """Timings, ILP size, status, objective split and parameter placements by kind."""
         mesh = " x ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape, strict=True))
         lines = [f"autoplan plan  mesh: {mesh}  mm_mode: {self.config.get('mm_mode', '?')}"]
-        lines.append(
-            "phases (s):  "
-            + "  ".join(f"{p} {self.timings[p]:.2f}" for p in PHASES if p in self.timings)
-            + f"  total {sum(self.timings.values()):.2f}"
-        )
+        if self.timings:
+            lines.append(
+                "phases (s):  "
+                + "  ".join(f"{p} {self.timings[p]:.2f}" for p in PHASES if p in self.timings)
+                + f"  total {sum(self.timings.values()):.2f}"
+            )
         lines.append(
             f"graph: {self.graph_nodes} nodes, {self.ilp_size.get('merged', 0)} merged into producers, "
             f"{self.ilp_size.get('tied', 0)} tied to a twin   ILP: {self.ilp_size.get('variables', 0)} "

@@ -35,6 +35,22 @@ def test_plan_json_is_deterministic(tmp_path, capsys):
     assert first["objective_us"] == second["objective_us"]
 
 
+def test_saved_plan_is_byte_identical_across_runs(tmp_path, capsys):
+    """plan --out twice writes the same bytes (no timings in the file) and the file loads."""
+    path = _run_file(tmp_path)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", path, "--out", str(a), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["plan", path, "--out", str(b), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["timings"]) >= {"trace", "solve"}
+    assert a.read_bytes() == b.read_bytes()
+    assert "timings" not in json.loads(a.read_text())
+    loaded = Plan.load(a)
+    assert loaded.timings == {} and loaded.status == "optimal"
+    assert loaded.to_json() + "\n" == a.read_text()
+    assert "phases" not in loaded.summary() and "estimated step" in loaded.summary()
+
+
 def test_infeasible_exits_1_and_bad_input_exits_2(tmp_path, capsys):
     """Exit 1 when no plan fits, 2 for a bad run file."""
     tight = GOOD.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0000001")

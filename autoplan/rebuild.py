@@ -1,0 +1,206 @@
+"""Re-price a saved plan: the cheap stages again, and the plan's choice read back into them.
+
+Input: a :class:`~autoplan.runfile.Run` and the :class:`~autoplan.plan.Plan`
+it made. Output: a frozen :class:`Rebuilt` holding the traced graph, the
+strategy table, the cost table, the plan's chosen strategy index of every node
+and the follower/tie structure the solver worked with.
+
+Why: a plan JSON keeps placements and totals, not the model or the prices.
+``explain`` and the per-kind chart need every node's price under every
+strategy, so they run trace -> rewrite -> strategies -> cost again (the
+stages before the solver; seconds even for LLaMA3-8B) with the same calls
+:func:`autoplan.planner.plan` makes, and find each node's chosen strategy by
+its placements in short form. A plan made from another run file (mesh,
+model, options) is refused with a message naming what differs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.price import CostTable, EdgeCost, price
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.ilp.cluster import cluster
+from autoplan.ilp.reduce import collapse_followers
+from autoplan.mesh import fake_mesh
+from autoplan.placements import fmt
+from autoplan.plan import Plan
+from autoplan.rewrite import rewrite
+from autoplan.runfile import Run
+from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.strategies.table import Strategy, StrategyTable
+from autoplan.trace import TracedGraph, trace_joint
+
+
+class PlanMismatchError(ValueError):
+    """The plan was not made from this run file; the message says what differs."""
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The priced problem a plan solved, with the plan's choice in it.
+
+    ``choice[v]`` is the index of v's chosen strategy; ``root[v]`` the node v
+    was merged into by ``collapse_followers`` (v itself when not merged) and
+    ``follow[v]`` the map root strategy -> v strategy; ``twin[v]`` the
+    representative v's ILP variables were tied to (v itself when untied).
+    """
+
+    run: Run
+    plan: Plan
+    traced: TracedGraph
+    table: StrategyTable
+    costs: CostTable
+    choice: dict[str, int]
+    redist: RedistributeModel
+    in_edges: dict[str, tuple[EdgeCost, ...]]
+    out_edges: dict[str, tuple[EdgeCost, ...]]
+    root: dict[str, str]
+    follow: dict[str, np.ndarray]
+    twin: dict[str, str]
+
+    def members(self, root: str) -> list[str]:
+        """The nodes that move with ``root`` in the ILP (itself first, then its followers)."""
+        return [root] + [v for v, r in self.root.items() if r == root and v != root]
+
+    def edge_us(self, e: EdgeCost, assign: dict[str, int] | None = None) -> float:
+        """Price of edge ``e`` with ``assign`` overriding the plan's choice."""
+        assign = assign or {}
+        s = assign.get(e.src, self.choice[e.src])
+        d = assign.get(e.dst, self.choice[e.dst])
+        return float(e.cost[e.src_group[s], e.dst_group[d]])
+
+    def node_cost(self, v: str) -> tuple[float, float]:
+        """(compute, comm) microseconds of node v in the plan; comm = the moves of its inputs."""
+        comm = sum(self.edge_us(e) for e in self.in_edges.get(v, ()))
+        return float(self.costs.compute[v][self.choice[v]]), comm
+
+
+def _yaml(value: object) -> str:
+    return (
+        "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
+def _differences(run: Run, plan: Plan) -> list[str]:
+    diffs = []
+    if tuple(plan.mesh_shape) != run.mesh_shape or tuple(plan.axis_names) != run.axis_names:
+        diffs.append(
+            f"mesh: plan {list(plan.mesh_shape)} {list(plan.axis_names)}, "
+            f"run file {list(run.mesh_shape)} {list(run.axis_names)}"
+        )
+    want = run.config.to_dict()
+    for key in sorted(set(want) | set(plan.config)):
+        a, b = plan.config.get(key), want.get(key)
+        if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)):
+            where = "topology" if key == "topology" else f"plan.{key}"
+            diffs.append(f"{where}: plan {a!r}, run file {b!r} (--set {where}={_yaml(a)})")
+    shapes = {n: tuple(p.shape) for n, p in run.build_model().named_parameters()}
+    if plan.param_shapes and shapes != {k: tuple(v) for k, v in plan.param_shapes.items()}:
+        changed = sorted(
+            k
+            for k in set(shapes) | set(plan.param_shapes)
+            if shapes.get(k) != plan.param_shapes.get(k)
+        )
+        diffs.append(
+            f"model parameters differ, e.g. {changed[0]}: plan {plan.param_shapes.get(changed[0])}, run file {shapes.get(changed[0])}"
+        )
+    return diffs
+
+
+def check_matches(run: Run, plan: Plan, plan_source: str = "plan") -> None:
+    """Raise :class:`PlanMismatchError` unless ``plan`` was made from ``run``."""
+    if plan.status == "infeasible":
+        raise PlanMismatchError(
+            f"{plan_source}: the plan is infeasible (no placements to explain); {plan.message}"
+        )
+    diffs = _differences(run, plan)
+    if diffs:
+        raise PlanMismatchError(
+            f"{plan_source} was not made from {run.source}: "
+            + "; ".join(diffs)
+            + ". Pass the run file (and the same --set overrides) that made the plan."
+        )
+
+
+def _short(s: Strategy) -> tuple[list[str], list[str]]:
+    return [fmt(p) for p in s.outs], [fmt(p) for p in s.ins]
+
+
+def _read_choice(table: StrategyTable, plan: Plan, plan_source: str, run: Run) -> dict[str, int]:
+    missing = sorted(set(table.nodes) - set(plan.node_placements))
+    extra = sorted(set(plan.node_placements) - set(table.nodes))
+    if missing or extra:
+        raise PlanMismatchError(
+            f"{plan_source} was not made from {run.source}: graph nodes differ "
+            f"({len(missing)} only in the run, e.g. {missing[:3]}; {len(extra)} only in the plan, "
+            f"e.g. {extra[:3]}). Pass the run file and --set overrides that made the plan."
+        )
+    choice = {}
+    for v, ns in table.nodes.items():
+        placed = plan.node_placements[v]
+        want = (list(placed["out"]), list(placed["in"]))
+        hits = [i for i, s in enumerate(ns.strategies) if _short(s) == want]
+        if not hits:
+            raise PlanMismatchError(
+                f"{plan_source}: node {v} has strategy ({', '.join(want[1])}) -> "
+                f"{', '.join(want[0])}, which is not a candidate for it in {run.source}; "
+                "the plan was made from another model, mesh or autoplan version."
+            )
+        choice[v] = hits[0]
+    return choice
+
+
+def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
+    """Trace, rewrite, enumerate and price ``run`` again; read ``plan``'s choice into it."""
+    check_matches(run, plan, plan_source)
+    config = run.config
+    mesh = fake_mesh(run.mesh_shape, run.axis_names)
+    traced = trace_joint(run.build_model(), run.input_fn(), param_dtype=config.param_torch_dtype)
+    traced, _ = rewrite(traced, mm_mode=config.mm_mode)
+    table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
+    costs = price(
+        table,
+        traced,
+        config.topology,
+        optimizer_states=config.optimizer_states,
+        master_bytes=4 if config.param_dtype is not None else None,
+        reduce_bytes=config.reduce_dtype_bytes,
+    )
+    choice = _read_choice(table, plan, plan_source, run)
+    in_edges: dict[str, list[EdgeCost]] = {}
+    out_edges: dict[str, list[EdgeCost]] = {}
+    for e in costs.edges:
+        in_edges.setdefault(e.dst, []).append(e)
+        out_edges.setdefault(e.src, []).append(e)
+    root = {v: v for v in table.nodes}
+    follow: dict[str, np.ndarray] = {}
+    ilp_costs = costs
+    if config.collapse_followers:
+        # Constrained inputs are placeholders, which are never merged: the same
+        # reduction the planner solved.
+        reduction = collapse_followers(table, costs, keep=set(traced.inputs))
+        for v, (r, mapping) in reduction.roots.items():
+            root[v], follow[v] = r, mapping
+        ilp_costs = reduction.costs
+    twin = {v: v for v in table.nodes}
+    if config.cluster_layers:
+        twin |= cluster(ilp_costs).rep
+    return Rebuilt(
+        run=run,
+        plan=plan,
+        traced=traced,
+        table=table,
+        costs=costs,
+        choice=choice,
+        redist=RedistributeModel(table.mesh_shape, CollectiveModel(config.topology)),
+        in_edges={v: tuple(es) for v, es in in_edges.items()},
+        out_edges={v: tuple(es) for v, es in out_edges.items()},
+        root=root,
+        follow=follow,
+        twin=twin,
+    )
