@@ -210,6 +210,7 @@ class _PlannedState:
         cfg = plan.config
         self.mm_mode = cfg.get("mm_mode", "einsum")
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
+        self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
         self.graphs: dict[tuple[Any, ...], PlannedGraph] = {}
 
     def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
@@ -254,7 +255,9 @@ class _PlannedState:
             with _original_class(model):
                 traced = trace_joint(model, example, param_dtype=self.param_dtype)
             traced, _ = rewrite(traced, mm_mode=self.mm_mode)
-            self.graphs[key] = PlannedGraph(traced, self.plan, self.mesh)
+            self.graphs[key] = PlannedGraph(
+                traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype
+            )
         return self.graphs[key]
 
 

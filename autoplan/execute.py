@@ -105,8 +105,16 @@ class PlannedGraph:
     ``mm_mode``, another batch shape): the plan must have a placement for every node.
     """
 
-    def __init__(self, traced: TracedGraph, plan: Plan, mesh: DeviceMesh) -> None:
+    def __init__(
+        self,
+        traced: TracedGraph,
+        plan: Plan,
+        mesh: DeviceMesh,
+        *,
+        reduce_dtype: torch.dtype | None = None,
+    ) -> None:
         self.traced, self.plan, self.mesh = traced, plan, mesh
+        self.reduce_dtype = reduce_dtype
         self.deviations: list[str] = []
         num_axes = mesh.ndim
         missing, wrong_op = [], []
@@ -158,10 +166,20 @@ class PlannedGraph:
         # from the gradient node to the parameter (the optimizer updates shard by shard).
         param_of = dict(zip(t.param_fqns, t.params, strict=True))
         grads = {
-            fqn: self._place(env[name], self._outs[param_of[fqn]][0], f"gradient of {fqn}")
+            fqn: self._place(
+                self._for_reduction(env[name]), self._outs[param_of[fqn]][0], f"gradient of {fqn}"
+            )
             for fqn, name in t.grads.items()
         }
         return env[t.loss], grads
+
+    def _for_reduction(self, grad: Any) -> Any:
+        """A partial gradient in ``reduce_dtype`` (FSDP2's policy), as the plan priced it."""
+        if self.reduce_dtype is None or not isinstance(grad, DTensor):
+            return grad
+        if any(p.is_partial() for p in grad.placements):
+            return grad.to(self.reduce_dtype)
+        return grad
 
     # -- one node -----------------------------------------------------------------
 
