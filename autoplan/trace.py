@@ -27,7 +27,7 @@ from torch import fx, nn
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.strategies.dtensor import FakeTensor, FakeTensorMode
+from autoplan.strategies.dtensor import FakeTensor, FakeTensorMode, isolated_trace
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -128,7 +128,7 @@ def trace_joint(
         grads = torch.autograd.grad(loss, list(ps), allow_unused=True)
         return loss, grads
 
-    with mode:
+    with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
         gm = make_fx(step)(params, buffers, list(inputs))
     gm.graph.eliminate_dead_code()
     gm.recompile()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
+from torch.distributed.tensor.debug import CommDebugMode
 
 from autoplan.models.llama3 import Transformer, llama3_8b, tiny
 from autoplan.trace import trace_joint
@@ -21,6 +22,24 @@ def test_trace_tiny_llama_has_every_gradient_with_its_shape():
         assert tuple(tg.node(node).meta["val"].shape) == tuple(params[fqn].shape), fqn
     assert tuple(tg.node(tg.loss).meta["val"].shape) == ()
     assert len(tg.params) == len(params) and len(tg.inputs) == 1
+
+
+def test_trace_under_comm_debug_mode_is_the_same_graph():
+    """A caller's CommDebugMode (dispatch mode + module hooks) must not change the graph.
+
+    Tracing under its module tracker once added backward-hook ``detach`` nodes, so a
+    plan no longer matched the graph ``parallelize`` traced inside a user's debug mode.
+    """
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+
+    def ops(tg) -> list[str]:
+        return [f"{n.name}:{n.target}" for n in tg.gm.graph.nodes]
+
+    plain = ops(trace_joint(model, lambda: torch.randint(0, 128, (2, 16))))
+    with CommDebugMode():
+        debugged = ops(trace_joint(model, lambda: torch.randint(0, 128, (2, 16))))
+    assert debugged == plain
 
 
 def test_trace_every_node_carries_tensor_metadata():

@@ -43,7 +43,9 @@ from torch.distributed.tensor.placement_types import (
     _StridedShard,
 )
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.nn.modules import module as _module
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
     "DTensorSpec",
@@ -69,6 +71,7 @@ __all__ = [
     "fill_placeholders",
     "has_op_strategy",
     "init_fake_process_group",
+    "isolated_trace",
     "is_masked_partial",
     "masked_partial_key",
     "op_strategy",
@@ -219,3 +222,36 @@ def redistribute(value: DTensor, mesh: DeviceMesh, placements: Sequence[Placemen
     return Redistribute.apply(
         value, mesh, placements, False, options | {"backward_options": dict(options)}
     )
+
+
+_GLOBAL_MODULE_HOOKS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_forward_hooks_always_called",
+    "_global_forward_hooks_with_kwargs",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+
+
+@contextlib.contextmanager
+def isolated_trace() -> Iterator[None]:
+    """Trace as if no profiler or debug mode were active, then restore them.
+
+    Tools such as ``CommDebugMode`` push a dispatch mode and install global module
+    hooks (its module tracker); traced under them, ``make_fx`` records the hooks'
+    extra ``detach`` and backward-hook nodes, and the graph no longer matches the
+    one a plan was made from.
+    """
+    saved = {name: dict(getattr(_module, name)) for name in _GLOBAL_MODULE_HOOKS}
+    full_backward = _module._global_is_full_backward_hook
+    try:
+        for name in _GLOBAL_MODULE_HOOKS:
+            getattr(_module, name).clear()
+        _module._global_is_full_backward_hook = None
+        with _disable_current_modes():
+            yield
+    finally:
+        for name, hooks in saved.items():
+            getattr(_module, name).update(hooks)
+        _module._global_is_full_backward_hook = full_backward
