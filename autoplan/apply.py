@@ -314,11 +314,33 @@ def _install_planned_forward(model: nn.Module, state: _PlannedState) -> None:
     model._autoplan_state = state
 
 
+_OWN_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
 @contextlib.contextmanager
 def _original_class(model: nn.Module) -> Iterator[None]:
+    """The model as the planner traced it: its own class, without the planned call's hooks.
+
+    Hooks on the top module belong to the planned forward that is running the trace
+    (a debug tool's module tracker registers them there); firing them again inside the
+    trace would unbalance that tool's bookkeeping.
+    """
     planned = type(model)
+    saved = {name: dict(getattr(model, name)) for name in _OWN_HOOKS}
     model.__class__ = planned._autoplan_base
     try:
+        for name in _OWN_HOOKS:
+            getattr(model, name).clear()
         yield
     finally:
         model.__class__ = planned
+        for name, hooks in saved.items():
+            getattr(model, name).update(hooks)

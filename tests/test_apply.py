@@ -101,7 +101,8 @@ def _check_case(kind: str, plan: Plan, mesh) -> dict:
     pmodel = parallelize(model, plan, mesh)
     placed = {n: fmt(p.placements) for n, p in pmodel.named_parameters()}
     (local,) = shard_inputs(x, input_placements(plan), mesh)
-    pmodel(local.to_local()).backward()  # first call traces; a second step must not
+    with CommDebugMode():  # first call traces, here inside a user's debug mode (its hooks
+        pmodel(local.to_local()).backward()  # must not leak into the trace); the second must not
     pmodel.zero_grad()
     with CommDebugMode() as comm:
         loss = pmodel(local.to_local())
