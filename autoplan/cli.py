@@ -53,6 +53,8 @@ def run_plan(run: Run, *, quiet: bool = False) -> Plan:
         mesh,
         config=run.config,
         input_placements=list(run.input_placements) or None,
+        output_placements=list(run.output_placements) or None,
+        pins=run.pins or None,
         progress=_progress(quiet),  # type: ignore[arg-type]
     )
 
@@ -142,6 +144,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 f"shape {list(shape)} evenly on mesh {mesh}; make each sharded dim a multiple of "
                 "the mesh axes that shard it, or replicate it (R)."
             )
+    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for name, p in run.pins.items():
+        if name in params and not is_even(params[name], p, run.mesh_shape):
+            raise ValueError(
+                f"{run.source}: constraints.pin.{name} = {fmt(p)} does not divide the "
+                f"parameter's shape {list(params[name])} evenly on mesh {mesh}; pin a "
+                "placement whose sharded dims are multiples of the mesh axes sharding them."
+            )
     options = {
         f.name: getattr(run.config, f.name)
         for f in dataclasses.fields(run.config)
@@ -153,6 +163,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     placed = ", ".join(fmt(p) for p in run.input_placements) or "planner's choice"
     print(f"input: shape {list(shape)}, placements {placed}")
     print("plan: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    if run.output_placements:
+        print(f"loss placement: {fmt(run.output_placements[0])}")
+    if run.pins:
+        nodes = [n for n in run.pins if n not in params]
+        print(
+            "pins: " + ", ".join(f"{n}={fmt(p)}" for n, p in run.pins.items())
+            + (f" (graph nodes {', '.join(nodes)} are checked when planning)" if nodes else "")
+        )  # fmt: skip
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.constraints import resolve_pins
 from autoplan.cost.price import GRAD_SLOT, EdgeCost
 from autoplan.placements import fmt
 from autoplan.rebuild import Rebuilt
@@ -108,12 +109,23 @@ def _assign(rb: Rebuilt, members: list[str], i: int) -> dict[str, int]:
 
 
 def _allowed(rb: Rebuilt, node: str) -> np.ndarray | None:
-    """Strategies the run's input placements allow for an input node, None if unconstrained."""
+    """Strategies the run's constraints (inputs, loss, pins) allow for a node, None if free."""
+    outs = [s.outs[0] for s in rb.table.nodes[node].strategies]
+    mask = np.ones(len(outs), dtype=bool)
+    constrained = False
     inputs = list(rb.traced.inputs)
-    if node not in inputs or not rb.run.input_placements:
-        return None
-    want = rb.run.input_placements[inputs.index(node)]
-    return np.array([s.outs[0] == want for s in rb.table.nodes[node].strategies])
+    if node in inputs and rb.run.input_placements:
+        want = rb.run.input_placements[inputs.index(node)]
+        mask &= np.array([o == want for o in outs])
+        constrained = True
+    if node == rb.traced.loss and rb.run.output_placements:
+        mask &= np.array([o == rb.run.output_placements[0] for o in outs])
+        constrained = True
+    pinned = resolve_pins(rb.traced, rb.table, rb.run.pins)
+    if node in pinned:
+        mask &= pinned[node]
+        constrained = True
+    return mask if constrained else None
 
 
 def explain(rb: Rebuilt, name: str, *, top: int = 5) -> dict[str, Any]:
@@ -244,7 +256,7 @@ def format_explain(result: dict[str, Any]) -> str:
     if r["impossible"]:
         skipped.append(f"{r['impossible']} impossible with the neighbours' placements")
     if r["not_allowed"]:
-        skipped.append(f"{r['not_allowed']} excluded by inputs.placements")
+        skipped.append(f"{r['not_allowed']} excluded by the run file's placement constraints")
     extra = f" ({'; '.join(skipped)})" if skipped else ""
     if not r["alternatives"]:
         lines.append(f"no other strategy is possible with every other node fixed{extra}")

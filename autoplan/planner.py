@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch import nn
 
 from autoplan.config import PlanConfig
+from autoplan.constraints import PinSpec, resolve_pins, untie
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, price
 from autoplan.cost.redistribute import RedistributeModel
@@ -106,14 +107,16 @@ def plan(
     input_placements: Sequence[PlacementSpec] | None = None,
     output_placements: Sequence[PlacementSpec] | None = None,
     loss_fn: LossFn | None = None,
+    pins: Mapping[str, PinSpec] | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Find the cheapest sharding of ``model`` on ``mesh``.
 
     ``input_placements`` fixes the placements of the model's inputs (one
     entry per input; ``None`` leaves one free); ``output_placements`` fixes
-    the loss's placement (a list of one). Placements are tuples of DTensor
-    placements or short strings such as ``"S(0)R"``.
+    the loss's placement (a list of one). ``pins`` fixes the placement of
+    parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
+    Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
     config = config or PlanConfig()
     timings: dict[str, float] = {}
@@ -128,6 +131,14 @@ def plan(
     done()
     allowed = _constrain(table, traced.inputs, input_placements, "input_placements")
     allowed |= _constrain(table, [traced.loss], output_placements, "output_placements")
+    pinned = resolve_pins(traced, table, pins)
+    for node, mask in pinned.items():
+        if node in allowed and not (allowed[node] & mask).any():
+            raise ValueError(
+                f"pins: node {node} is pinned to a placement its input or output "
+                "placement constraint excludes; drop one of the two."
+            )
+        allowed[node] = allowed.get(node, mask) & mask
     done = _timed(timings, "cost", progress)
     costs = price(
         table,
@@ -162,7 +173,7 @@ def plan(
     reduction = collapse_followers(table, costs, keep=keep) if config.collapse_followers else None
     ilp_costs = reduction.costs if reduction is not None else costs
     clustering = cluster(ilp_costs) if config.cluster_layers else None
-    tie = clustering.rep if clustering is not None else None
+    tie = untie(clustering.rep, set(pinned)) if clustering is not None else None
     model_ilp = build_ilp(
         ilp_costs,
         allowed=allowed,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.constraints import resolve_pins, untie
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.cost.redistribute import RedistributeModel
@@ -180,16 +181,18 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     root = {v: v for v in table.nodes}
     follow: dict[str, np.ndarray] = {}
     ilp_costs = costs
+    # The planner keeps every constrained node out of merging and tying: do the same,
+    # so the groups and twins here are the ones it solved.
+    pinned = set(resolve_pins(traced, table, run.pins))
+    keep = set(traced.inputs) | pinned | ({traced.loss} if run.output_placements else set())
     if config.collapse_followers:
-        # Constrained inputs are placeholders, which are never merged: the same
-        # reduction the planner solved.
-        reduction = collapse_followers(table, costs, keep=set(traced.inputs))
+        reduction = collapse_followers(table, costs, keep=keep)
         for v, (r, mapping) in reduction.roots.items():
             root[v], follow[v] = r, mapping
         ilp_costs = reduction.costs
     twin = {v: v for v in table.nodes}
     if config.cluster_layers:
-        twin |= cluster(ilp_costs).rep
+        twin |= untie(cluster(ilp_costs).rep, pinned)
     return Rebuilt(
         run=run,
         plan=plan,

@@ -13,6 +13,8 @@ Schema::
     plan:     {mm_mode, memory_budget_gib, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
                optimizer_states, collapse_followers, cluster_layers}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
+    constraints: {output_placements: ["RR"],                         # the loss's placement
+                  pin: {layers.0.attention.wq.weight: "S(0)S(0)", einsum_default: "S(0)R"}}
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import Placements, parse
 
-SECTIONS = {"model", "inputs", "mesh", "plan", "topology"}
+SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
 MODELS = ("llama3", "mlp")
 
 
@@ -59,6 +61,8 @@ class Run:
     mesh_shape: tuple[int, ...]
     axis_names: tuple[str, ...]
     config: PlanConfig
+    output_placements: tuple[Placements, ...] = ()
+    pins: dict[str, Placements] = dataclasses.field(default_factory=dict)
 
     @property
     def hf_kind(self) -> str | None:
@@ -273,7 +277,48 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
         config = PlanConfig(**plan, topology=topology)
     except (TypeError, ValueError) as exc:
         raise RunFileError(f"{source}: plan: {exc}") from exc
-    return Run(source, name, args, batch, seq, placements, shape_t, tuple(names), config)
+    outputs, pins = _parse_constraints(raw, source, len(shape_t))
+    return Run(
+        source, name, args, batch, seq, placements, shape_t, tuple(names), config, outputs, pins
+    )
+
+
+def _placement_list(source: str, key: str, specs: Any, num_axes: int) -> tuple[Placements, ...]:
+    if specs is None:
+        return ()
+    if not isinstance(specs, list):
+        raise _err(source, key, specs, 'expected a list such as ["S(0)R"]')
+    try:
+        return tuple(parse(str(s), num_axes) for s in specs)
+    except ValueError as exc:
+        raise RunFileError(f"{source}: {key}: {exc}") from exc
+
+
+def _parse_constraints(
+    raw: dict[str, Any], source: str, num_axes: int
+) -> tuple[tuple[Placements, ...], dict[str, Placements]]:
+    sec = _section(raw, "constraints", source, ("output_placements", "pin"))
+    outputs = _placement_list(
+        source, "constraints.output_placements", sec.get("output_placements"), num_axes
+    )
+    if len(outputs) > 1:
+        raise _err(
+            source, "constraints.output_placements", sec["output_placements"],
+            "the planned loss is one tensor: give one placement, e.g. [RR]",
+        )  # fmt: skip
+    pin = sec.get("pin") or {}
+    if not isinstance(pin, dict):
+        raise _err(
+            source, "constraints.pin", pin,
+            'expected a mapping of parameter FQN or node name to placement, e.g. {output.weight: "RS(0)"}',
+        )  # fmt: skip
+    pins: dict[str, Placements] = {}
+    for name, spec in pin.items():
+        try:
+            pins[str(name)] = parse(str(spec), num_axes)
+        except ValueError as exc:
+            raise RunFileError(f"{source}: constraints.pin.{name}: {exc}") from exc
+    return outputs, pins
 
 
 def load_topology(value: Any, source: str = "--topology") -> Topology:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from autoplan.cli import main
+from autoplan.placements import fmt
 from autoplan.plan import Plan
 from tests.test_runfile import GOOD
 
@@ -81,3 +82,28 @@ def test_collectives_json_rows(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {r["op"] for r in rows} == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
     assert set(rows[0]) == {"op", "ranks", "nodes", "bytes", "time_us", "busbw_GBps"}
+
+
+def test_run_file_pins_and_loss_placement_reach_the_plan(tmp_path, capsys):
+    """constraints.pin and constraints.output_placements are honoured; validate lists them."""
+    pinned = GOOD + 'constraints: {output_placements: ["R"], pin: {layers.0.w1.weight: "S(1)"}}\n'
+    path = _run_file(tmp_path, pinned)
+    assert main(["validate", path]) == 0
+    shown = capsys.readouterr().out
+    assert "loss placement: R" in shown and "pins: layers.0.w1.weight=S(1)" in shown
+    out = tmp_path / "plan.json"
+    assert main(["plan", path, "--out", str(out), "--quiet"]) == 0
+    plan = Plan.load(str(out))
+    assert fmt(plan.param_placements["layers.0.w1.weight"]) == "S(1)"
+    assert fmt(plan.param_placements["layers.1.w1.weight"]) != "S(1)"  # its twin is not pinned
+
+
+def test_bad_pins_exit_2_naming_the_pin(tmp_path, capsys):
+    """A pin on an unknown name, or one that does not divide the parameter, is bad input."""
+    typo = GOOD + "constraints: {pin: {layers.0.w1.weigh: R}}\n"
+    assert main(["plan", _run_file(tmp_path, typo), "--quiet"]) == 2
+    assert "closest: layers.0.w1.weight" in capsys.readouterr().err
+    uneven = GOOD.replace("shape: [8]", "shape: [3]").replace('["S(0)"]', '["R"]')
+    uneven += "constraints: {pin: {layers.0.w1.weight: S(0)}}\n"
+    assert main(["validate", _run_file(tmp_path, uneven)]) == 2
+    assert "constraints.pin.layers.0.w1.weight = S(0) does not divide" in capsys.readouterr().err

@@ -52,6 +52,16 @@ def test_set_overrides_any_key(tmp_path):
         (("memory_budget_gib: 0.001", "memory_budget_gib: -1"), "memory_budget_gib (-1)"),
         (("topology: h100", "topology: tpu"), "Unknown topology preset 'tpu'"),
         (("batch: 16", "batch: many"), "inputs.batch = 'many'"),
+        (
+            ("topology: h100", "topology: h100\nconstraints: {pin: {layers.0.w1.weight: S(9}}"),
+            "constraints.pin.layers.0.w1.weight",
+        ),
+        (("topology: h100", "topology: h100\nconstraints: {pin: [a]}"), "constraints.pin = ['a']"),
+        (
+            ("topology: h100", "topology: h100\nconstraints: {output_placements: [R, R]}"),
+            "constraints.output_placements",
+        ),
+        (("topology: h100", "topology: h100\nconstraints: {outputs: [R]}"), "constraints.outputs"),
     ],
 )
 def test_each_mistake_has_its_message(tmp_path, change, needle):
