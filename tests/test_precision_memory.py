@@ -22,6 +22,24 @@ def test_memory_matches_hand_arithmetic_fsdp_and_ddp(meta_mlp, mesh8):
     assert fsdp.memory_bytes == numel * 4 * 4 / 8
 
 
+def test_memory_matches_hand_arithmetic_tensor_parallel(meta_mlp):
+    """Megatron-style TP on (dp=2, tp=4): w1 RS(0), w2 RS(1) hold a quarter each (16 B/elem / 4);
+    w1 S(0)S(0) an eighth."""
+    mesh = autoplan.fake_mesh((2, 4), ("dp", "tp"))
+    pins = {
+        "layers.0.w1.weight": "RS(0)",
+        "layers.0.w2.weight": "RS(1)",
+        "layers.1.w1.weight": "S(0)S(0)",
+        "layers.1.w2.weight": "RR",
+    }
+    plan = autoplan.plan(
+        meta_mlp, lambda: torch.randn(16, 32, 64), mesh, input_placements=["S(0)R"], pins=pins
+    )
+    numel = {n: p.numel() for n, p in meta_mlp.named_parameters()}
+    shards = {"RS(0)": 4, "RS(1)": 4, "S(0)S(0)": 8, "RR": 1}
+    assert plan.memory_bytes == sum(16 * numel[n] / shards[p] for n, p in pins.items())
+
+
 def test_bf16_params_keep_fp32_masters_in_memory(meta_mlp, mesh8):
     """With param_dtype=bfloat16 the footprint still counts float32 masters, grads and states."""
     numel = sum(p.numel() for p in meta_mlp.parameters())
