@@ -56,6 +56,7 @@ def _plan(
     *,
     budget_gib=None,
     mm_mode: str = "einsum",
+    pins=None,
     **config,
 ) -> Plan:
     build, input_fn = MODELS[kind]
@@ -68,6 +69,7 @@ def _plan(
         config=autoplan.PlanConfig(memory_budget_gib=budget_gib, mm_mode=mm_mode, **config),
         input_placements=[input_placement],
         output_placements=["R" * len(shape)],  # a replicated loss: nothing unpriced to log it
+        pins=pins,
     )
 
 
@@ -278,6 +280,46 @@ def test_meta_model_is_materialized_shard_by_shard(mlp_results):
 
 
 LLAMA_TIGHT_GIB = 0.0006  # forces sharded weights on (dp=2, tp=2): 1.75 MiB replicated
+# Megatron-like tensor parallelism mixed with FSDP-like dp sharding, fixed by pins so the
+# plan solves in seconds (a memory budget makes the same ILP a knapsack: minutes).
+LLAMA_PINS = {
+    f"layers.{layer}.{name}.weight": placement
+    for layer in range(2)
+    for name, placement in (
+        ("attention.wq", "S(0)S(0)"),
+        ("attention.wk", "RS(0)"),
+        ("attention.wv", "RS(0)"),
+        ("attention.wo", "RS(1)"),
+        ("feed_forward.w1", "S(0)S(0)"),
+        ("feed_forward.w3", "RS(0)"),
+        ("feed_forward.w2", "S(1)S(1)"),
+    )
+} | {"output.weight": "S(0)S(0)"}
+
+
+def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
+    """Tiny LLaMA on (dp=2, tp=2) with sharded weights, einsum and native mm plans, on 4 gloo
+    processes: loss, every gradient, one SGD step and the collectives match the plan."""
+    plans = {
+        mode: (
+            "llama",
+            _plan(
+                "llama",
+                (2, 2),
+                ("dp", "tp"),
+                "S(0)R",
+                mm_mode=mode,
+                pins=LLAMA_PINS,
+                solver="highs",
+            ),
+        )
+        for mode in ("einsum", "native")
+    }
+    results = _spawn_cases(tmp_path, plans)
+    for mode, (_, plan) in plans.items():
+        assert plan.status == "optimal", plan.message
+        assert results[mode]["placed"]["layers.1.attention.wo.weight"] == "RS(1)"
+        _assert_matches(results[mode], plan)
 
 
 @pytest.fixture(scope="module")
@@ -287,14 +329,17 @@ def llama_plans() -> dict[str, tuple[str, Plan]]:
             "llama",
             _plan("llama", (2, 2), ("dp", "tp"), "S(0)R", budget_gib=LLAMA_TIGHT_GIB, mm_mode=mode),
         )
-        for mode in ("einsum", "native")
+        for mode in ("einsum",)
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["einsum", "native"])
+@pytest.mark.parametrize("mode", ["einsum"])
 def test_tiny_llama_on_2x2_follows_the_plan(mode, llama_plans, tmp_path):
-    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and SGD match."""
+    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and SGD match.
+
+    Native mode's budgeted ILP (about 270k variables) does not solve within 4 minutes on
+    2 cores yet; the pinned test above covers native execution."""
     plan = llama_plans[mode][1]
     assert plan.status == "optimal", plan.message
     result = _spawn_cases(tmp_path, {mode: llama_plans[mode]})[mode]
