@@ -51,6 +51,13 @@ class PlanConfig:
     cluster_layers: bool = True
     """Tie the variables of nodes that repeated identical layers make alike (see
     :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
+    prune_dominated: bool = True
+    """Drop strategies another strategy of the same node beats in compute, memory and
+    every incident move before solving (see :mod:`autoplan.ilp.prune`); exact."""
+    reduced_cost_fixing: bool = True
+    """Solve the LP relaxation first, round it to a plan, and give the MIP that plan as
+    a warm start with every variable the LP bound rules out fixed to 0 (see
+    :mod:`autoplan.ilp.solve`); exact, and much faster under a memory budget."""
     topology: Topology = field(default_factory=Topology)
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 
@@ -84,6 +91,14 @@ class PlanConfig:
             )
         if not isinstance(self.mip_gap, (int, float)) or not 0 <= self.mip_gap < 1:
             raise ValueError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
+        for name in (
+            "collapse_followers",
+            "cluster_layers",
+            "prune_dominated",
+            "reduced_cost_fixing",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} ({getattr(self, name)!r}) must be true or false.")
         if not isinstance(self.topology, Topology):
             raise ValueError(f"topology ({self.topology!r}) must be an autoplan Topology.")
 

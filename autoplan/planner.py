@@ -23,6 +23,7 @@ from autoplan.cost.price import CostTable, price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
+from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
 from autoplan.placements import Placements, fmt, parse
@@ -174,38 +175,70 @@ def plan(
     ilp_costs = reduction.costs if reduction is not None else costs
     clustering = cluster(ilp_costs) if config.cluster_layers else None
     tie = untie(clustering.rep, set(pinned)) if clustering is not None else None
-    model_ilp = build_ilp(
-        ilp_costs,
-        allowed=allowed,
-        memory_budget_bytes=budget,
-        tie=tie,
-        edge_keys=clustering.edge_keys if clustering is not None else None,
-    )
-    done()
-    done = _timed(timings, "solve", progress)
-    solution = solve(
-        model_ilp, solver=config.solver, time_limit_s=config.time_limit_s, mip_gap=config.mip_gap
-    )
-    done()
+    plain_vars, plain_cons = plain_size(costs, budget is not None)
     base["ilp_size"] = {
-        "variables": model_ilp.num_variables,
-        "constraints": model_ilp.num_constraints,
+        "variables": 0,
+        "constraints": 0,
+        "plain_variables": plain_vars,
+        "plain_constraints": plain_cons,
         "nodes": len(ilp_costs.compute),
         "merged": reduction.num_merged if reduction is not None else 0,
         "tied": sum(1 for v, r in (tie or {}).items() if v != r),
     }
+    try:
+        model_ilp = build_ilp(
+            ilp_costs,
+            allowed=allowed,
+            memory_budget_bytes=budget,
+            tie=tie,
+            edge_keys=clustering.edge_keys if clustering is not None else None,
+            prune=config.prune_dominated,
+        )
+    except InfeasibleError as err:
+        done()
+        return _infeasible(f"infeasible: {err}; relax the placement constraints.", base)
+    done()
+    base["ilp_size"] |= {
+        "variables": model_ilp.num_variables,
+        "constraints": model_ilp.num_constraints,
+        "pruned": model_ilp.stats.get("pruned", 0),
+    }
+    done = _timed(timings, "solve", progress)
+    solution = solve(
+        model_ilp,
+        solver=config.solver,
+        time_limit_s=config.time_limit_s,
+        mip_gap=config.mip_gap,
+        fixing=config.reduced_cost_fixing,
+    )
+    done()
     if solution.status == "infeasible":
-        return Plan(
-            status="infeasible",
-            objective_us=math.nan,
-            compute_us=math.nan,
-            comm_us=math.nan,
-            message="infeasible: the solver found no plan meeting the placement constraints "
+        return _infeasible(
+            "infeasible: the solver found no plan meeting the placement constraints "
             "and memory_budget_gib together; relax one of them.",
-            **base,
+            base,
+        )
+    if solution.status == "time_limit":
+        gap = solution.gap
+        base["message"] = (
+            f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "
+            "proving this plan optimal"
+            + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
+            + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
         )
     choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
     return _read_solution(traced, table, costs, config, choice, solution.status, base)
+
+
+def _infeasible(message: str, base: dict[str, Any]) -> Plan:
+    return Plan(
+        status="infeasible",
+        objective_us=math.nan,
+        compute_us=math.nan,
+        comm_us=math.nan,
+        message=message,
+        **base,
+    )
 
 
 def _plan_fields(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -56,9 +57,14 @@ def _run_row(spec: str) -> dict:
     parts = spec.split(":")
     config, mode = parts[0], parts[1] if len(parts) > 1 else "einsum"
     solver = parts[2] if len(parts) > 2 else "cbc"
+    # The child imports this checkout's autoplan, not whichever one the venv installed.
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     out = subprocess.run(
         [sys.executable, __file__, "--child", config, mode, solver],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=True,

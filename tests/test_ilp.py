@@ -14,6 +14,7 @@ import pytest
 
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
 from autoplan.ilp.build import build_ilp
+from autoplan.ilp.problem import InfeasibleError
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
 from autoplan.strategies.dtensor import Replicate, Shard
@@ -166,11 +167,12 @@ def test_random_cases_cover_feasible_and_infeasible():
     assert any(not math.isfinite(b) for b in best)
 
 
-def test_all_impossible_moves_between_free_nodes_is_solver_infeasible():
-    """With choices on both sides and every move impossible, the solver says infeasible."""
+def test_all_impossible_moves_between_free_nodes_raises():
+    """With choices on both sides and every move impossible, build_ilp names the edge."""
     edge = EdgeCost("a", 0, "b", 0, np.array([0, 1]), np.array([0, 1]), np.full((2, 2), np.inf))
     costs = CostTable(compute={"a": np.ones(2), "b": np.ones(2)}, edges=(edge,), memory={})
-    assert solve(build_ilp(costs), solver="cbc").status == "infeasible"
+    with pytest.raises(InfeasibleError, match=r"edge a -> b"):
+        build_ilp(costs)
 
 
 def test_impossible_move_between_fixed_nodes_raises():

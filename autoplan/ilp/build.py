@@ -1,50 +1,67 @@
 r"""Stage 5a, ILP build: the integer program whose optimum is the plan.
 
 Input: a :class:`~autoplan.cost.price.CostTable` (plus which strategies each
-node may keep, and a memory budget). Output: an :class:`IlpModel` holding a
-PuLP problem and the variables the solution is read from.
+node may keep, the tie map of repeated layers and a memory budget). Output:
+an :class:`IlpModel` holding a PuLP problem and the variables the solution is
+read from.
 
 The math (microseconds of estimated step time)::
 
-    variables   s[v,i] ∈ {0,1}       node v runs strategy i          (add_node_vars)
-                e[uv,r,c] ∈ [0,1]    edge uv moves placement r -> c   (add_edges)
+    variables   s[r,i] ∈ {0,1}       class r runs strategy i          (_Emitter.node_vars)
+                e[uv,g,h] ∈ [0,1]    edge uv moves group g -> group h  (_Emitter.edge_vars)
 
-    one strategy per node     Σ_i s[v,i] = 1                                 (add_node_vars)
-    edge linearization        Σ_c e[uv,r,c] = Σ_{i: out(u,i)=r} s[u,i]       (add_edges)
-                              Σ_r e[uv,r,c] = Σ_{j: in(v,j)=c}  s[v,j]
-    memory per device         Σ_p Σ_i M[p,i] · s[p,i] ≤ budget               (add_memory)
-    tied layers (optional)    s[v,i] ≡ s[rep(v),i]; tied edges share e, cost × count  (add_edges)
+    one strategy per class    Σ_i s[r,i] = 1                                 (_Emitter.node_vars)
+    edge linearization        Σ_h e[uv,g,h] = Σ_{i: grp(u,i)=g} s[u,i]       (_Emitter.edge_vars)
+                              Σ_g e[uv,g,h] = Σ_{j: grp(v,j)=h} s[v,j]
+    memory per device         Σ_r Σ_i M[r,i] · s[r,i] ≤ budget               (_Emitter.memory_row)
 
-    minimize   Σ_v Σ_i C[v,i] · s[v,i]  +  Σ_uv Σ_rc R[uv,r,c] · e[uv,r,c]
+    minimize   Σ_r Σ_i L[r,i] · s[r,i]  +  Σ_uv Σ_gh R[uv,g,h] · e[uv,g,h]
 
-Rows r and columns c are *distinct placements* of the tensor on each side,
-not strategies: R depends only on the placement pair, so the linearization
-of s[u,i]·s[v,j] is exact over placement groups and much smaller. With s
-integral, the two sums fix the group indicators to 0/1 and force e to their
-product, so e may be continuous. An infinite R[r,c] (a move DTensor cannot
-make) has no variable: if no finite column is left for a row, the row's
-group cannot be chosen. When one side of an edge has a single placement the
-edge cost is folded into the other side's linear cost and no e exists.
+A class r is a node, or the nodes of repeated layers tied to one
+representative (:mod:`autoplan.ilp.cluster`); L sums its members' compute,
+R is a tied edge's price times the number of edges it stands for.
+Groups g, h are *distinct price rows and columns* of the edge, not
+strategies: R depends only on the placement pair, so the linearization of
+s[u,i]·s[v,j] is exact over groups and much smaller. With s integral, the two
+sums fix the group indicators to 0/1 and force e to their product, so e may
+be continuous. An infinite price (a move DTensor cannot make) has no
+variable. One column sum per edge is implied by the others and left out.
 Gradient edges (slot -1) tie a parameter's gradient to the parameter's
 placement: the price of that move is the gradient reduction.
+
+Before any PuLP object is made, :mod:`autoplan.ilp.problem` folds edges that
+do not couple two choices into L and :mod:`autoplan.ilp.prune` removes
+dominated strategies; both keep the optimum.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pulp
 
-from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.ilp.cluster import edge_key
+from autoplan.cost.price import CostTable
+from autoplan.ilp.problem import Edge, Problem, lower, simplify
+from autoplan.ilp.prune import prune_dominated
+
+# The memory row is written in MiB: byte-sized coefficients (1e9) sit badly
+# with the simplex's absolute tolerances.
+_MEMORY_UNIT = 2.0**20
 
 
 @dataclass
 class IlpModel:
-    """A built PuLP problem and the handles to read a solution from."""
+    """A built PuLP problem and the handles to read a solution from.
+
+    ``choice_vars[v][i]`` is node v's (its class's) variable for strategy i,
+    None when i cannot be chosen or the class has one strategy left;
+    ``allowed[v]`` marks the strategies still allowed; ``stats`` counts what
+    the reductions removed. ``reduced`` is the numpy problem the model was
+    emitted from, ``class_vars[r]`` its class r's variables and ``edge_vars[k]``
+    the variables of its k-th edge by (row, column).
+    """
 
     problem: pulp.LpProblem
     choice_vars: dict[str, list[pulp.LpVariable | None]]
@@ -53,184 +70,98 @@ class IlpModel:
     num_variables: int
     num_constraints: int
     infeasible: str = ""
+    stats: dict[str, int] = field(default_factory=dict)
+    reduced: Problem | None = None
+    class_vars: dict[str, list[pulp.LpVariable | None]] = field(default_factory=dict)
+    edge_vars: list[dict[tuple[int, int], pulp.LpVariable]] = field(default_factory=list)
 
 
-class _Builder:
-    """Builds the ILP; nodes tied by ``rep`` share one set of variables."""
+class _Emitter:
+    """Turns a simplified :class:`Problem` into PuLP variables and rows."""
 
-    def __init__(
-        self,
-        costs: CostTable,
-        allowed: Mapping[str, np.ndarray],
-        rep: Mapping[str, str],
-        edge_keys: Mapping[int, str],
-    ) -> None:
-        self.costs = costs
-        self.edge_keys = edge_keys
-        self.tied = any(v != r for v, r in rep.items())
-        self.rep = dict(rep)
-        self.allowed: dict[str, np.ndarray] = {}
-        self.linear: dict[str, np.ndarray] = {}
-        for v, c in costs.compute.items():
-            r = self.rep.setdefault(v, v)
-            ok = np.asarray(allowed[v], dtype=bool)
-            if r in self.allowed:
-                self.allowed[r] &= ok
-                self.linear[r] = self.linear[r] + c
-            else:
-                self.allowed[r] = ok.copy()
-                self.linear[r] = c.astype(np.float64).copy()
+    def __init__(self, p: Problem) -> None:
+        self.p = p
         self.problem = pulp.LpProblem("autoplan", pulp.LpMinimize)
         self.vars: dict[str, list[pulp.LpVariable | None]] = {}
-        self.objective: dict[pulp.LpVariable, float] = {}
+        self.edge_vars: list[dict[tuple[int, int], pulp.LpVariable]] = []
+        self.objective: list[tuple[pulp.LpVariable, float]] = []
         self.fixed = 0.0
         self.num_vars = 0
         self.num_cons = 0
         self.infeasible = ""
 
-    def single(self, v: str) -> int | None:
-        """Index of the only allowed strategy of v's class, or None when it has a choice."""
-        idx = np.flatnonzero(self.allowed[self.rep[v]])
-        return int(idx[0]) if len(idx) == 1 else None
-
-    def add_node_vars(self) -> None:
-        for r, ok in self.allowed.items():
-            if not ok.any():
-                raise ValueError(f"node {r} has no allowed strategy")
-            if self.single(r) is not None:
-                self.vars[r] = [None] * len(ok)
-                continue
-            xs = [
-                self.problem.add_variable(f"s_{len(self.vars)}_{i}", 0, 1, cat=pulp.LpBinary)
-                if ok[i]
-                else None
-                for i in range(len(ok))
-            ]
-            self.vars[r] = xs
-            self.num_vars += int(ok.sum())
-            self.problem += pulp.lpSum(x for x in xs if x is not None) == 1
-            self.num_cons += 1
-
-    def node_vars(self, v: str) -> list[pulp.LpVariable | None]:
-        return self.vars[self.rep[v]]
-
-    def _group_expr(self, v: str, group: np.ndarray, g: int) -> list[pulp.LpVariable]:
-        return [x for i, x in enumerate(self.node_vars(v)) if x is not None and group[i] == g]
-
-    def _fold(self, edge: EdgeCost, count: int = 1) -> bool:
-        """Fold an edge with a fixed side into the other side's linear cost."""
-        su, sv = self.single(edge.src), self.single(edge.dst)
-        if su is None and sv is None:
-            return False
-        if su is not None and sv is not None:
-            c = edge.cost[edge.src_group[su], edge.dst_group[sv]]
-            if not math.isfinite(c):
-                raise ValueError(
-                    f"edge {edge.src} -> {edge.dst}: the only allowed placements cannot be "
-                    "redistributed into each other"
-                )
-            self.fixed += c * count
-            return True
-        if su is not None:
-            extra = edge.cost[edge.src_group[su]][edge.dst_group]
-            target = self.rep[edge.dst]
-        else:
-            extra = edge.cost[:, edge.dst_group[sv]][edge.src_group]
-            target = self.rep[edge.src]
-        bad = ~np.isfinite(extra)
-        self.allowed[target] &= ~bad
-        if not self.allowed[target].any():
-            raise ValueError(
-                f"edge {edge.src} -> {edge.dst}: no strategy of {target} can take or give "
-                "the placement fixed on the other side"
-            )
-        self.linear[target] = self.linear[target] + np.where(bad, 0.0, extra) * count
-        for i in np.flatnonzero(bad):
-            x = self.vars.get(target, [None] * len(bad))[i]
-            if x is not None:
-                x.upBound = 0
-        return True
-
-    def add_edges(self) -> None:
-        # Tied edges (same classes at both ends, same prices) share variables:
-        # count them once, weighted by how many there are.
-        grouped: dict[tuple[str, str, str], list[EdgeCost]] = {}
-        for e in self.costs.edges:
-            # Untied edges never share variables: no need to hash their prices.
-            price_key = self.edge_keys.get(id(e)) or (edge_key(e) if self.tied else str(id(e)))
-            key = (self.rep[e.src], self.rep[e.dst], price_key)
-            grouped.setdefault(key, []).append(e)
-        # Fold first (it may remove strategies), then create node variables.
-        pending = [(es[0], len(es)) for es in grouped.values() if not self._fold(es[0], len(es))]
-        self.add_node_vars()
-        for e, count in pending:
-            self._add_edge(e, count)
-
-    def _add_edge(self, edge: EdgeCost, count: int) -> None:
-        if self._fold(edge, count):
-            return
-        rows, cols = edge.cost.shape
-        by_row: list[list[pulp.LpVariable]] = [[] for _ in range(rows)]
-        by_col: list[list[pulp.LpVariable]] = [[] for _ in range(cols)]
-        k = self.num_vars
-        for r in range(rows):
-            for c in range(cols):
-                cost = edge.cost[r, c]
-                if math.isfinite(cost):
-                    x = self.problem.add_variable(f"e_{k}_{r}_{c}", 0, 1)
-                    k += 1
-                    by_row[r].append(x)
-                    by_col[c].append(x)
-                    if cost:
-                        self.objective[x] = float(cost) * count
-        self.num_vars = k
-        for r in range(rows):
-            members = self._group_expr(edge.src, edge.src_group, r)
-            if by_row[r] or members:
-                self.problem += pulp.lpSum(by_row[r]) == pulp.lpSum(members)
-                self.num_cons += 1
-        for c in range(cols):
-            members = self._group_expr(edge.dst, edge.dst_group, c)
-            if by_col[c] or members:
-                self.problem += pulp.lpSum(by_col[c]) == pulp.lpSum(members)
-                self.num_cons += 1
-
-    def add_memory(self, budget_bytes: float | None) -> None:
-        if budget_bytes is None or not self.costs.memory:
-            return
-        coef: dict[pulp.LpVariable, float] = {}
-        for p, mem in self.costs.memory.items():
-            only = self.single(p)
-            if only is not None:
-                budget_bytes -= float(mem[only])
-                continue
-            for i, x in enumerate(self.node_vars(p)):
-                if x is not None:
-                    coef[x] = coef.get(x, 0.0) + float(mem[i])
-        if not coef:
-            if budget_bytes < 0:
-                self.infeasible = "memory_budget: the forced placements alone exceed the budget"
-            return
-        self.problem += pulp.LpAffineExpression(coef) <= budget_bytes, "memory_budget"
+    def _row(self, terms: list[tuple[pulp.LpVariable, float]], sense: int, rhs: float) -> None:
+        self.problem.addConstraint(
+            pulp.LpConstraint(pulp.LpAffineExpression(terms), sense=sense, rhs=rhs),
+            name=f"c{self.num_cons}",
+        )
         self.num_cons += 1
 
-    def set_objective(self) -> None:
-        terms = dict(self.objective)
-        for r, xs in self.vars.items():
-            only = self.single(r)
-            if only is not None:
-                self.fixed += float(self.linear[r][only])
-                continue
-            for i, x in enumerate(xs):
-                if x is not None:
-                    terms[x] = terms.get(x, 0.0) + float(self.linear[r][i])
-        self.problem += pulp.LpAffineExpression(terms) + self.fixed
+    def node_vars(self) -> None:
+        for r, cost in self.p.linear.items():
+            idx = np.flatnonzero(np.isfinite(cost))
+            xs: list[pulp.LpVariable | None] = [None] * len(cost)
+            if len(idx) == 1:
+                self.fixed += float(cost[idx[0]])
+            else:
+                k = len(self.vars)
+                for i in idx:
+                    x = self.problem.add_variable(f"s_{k}_{i}", 0, 1, pulp.LpBinary)
+                    xs[i] = x
+                    if cost[i]:
+                        self.objective.append((x, float(cost[i])))
+                self.num_vars += len(idx)
+                self._row([(xs[i], 1.0) for i in idx], pulp.LpConstraintEQ, 1.0)
+            self.vars[r] = xs
 
-    def choice_vars(self) -> dict[str, list[pulp.LpVariable | None]]:
-        return {v: self.vars[r] for v, r in self.rep.items()}
+    def edge_vars_of(self, num: int, e: Edge) -> None:
+        rows, cols = e.cost.shape
+        by_row: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in range(rows)]
+        by_col: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in range(cols)]
+        made: dict[tuple[int, int], pulp.LpVariable] = {}
+        for g, h in zip(*np.nonzero(np.isfinite(e.cost)), strict=True):
+            x = self.problem.add_variable(f"e_{num}_{g}_{h}", 0, 1)
+            made[int(g), int(h)] = x
+            by_row[g].append((x, 1.0))
+            by_col[h].append((x, 1.0))
+            if e.cost[g, h]:
+                self.objective.append((x, float(e.cost[g, h])))
+        self.num_vars += len(made)
+        self.edge_vars.append(made)
+        for i, x in enumerate(self.vars[e.src]):
+            if x is not None:
+                by_row[e.src_group[i]].append((x, -1.0))
+        for j, x in enumerate(self.vars[e.dst]):
+            if x is not None:
+                by_col[e.dst_group[j]].append((x, -1.0))
+        for terms in by_row + by_col[:-1]:  # the last column sum follows from the rest
+            self._row(terms, pulp.LpConstraintEQ, 0.0)
 
-    def node_allowed(self) -> dict[str, np.ndarray]:
-        return {v: self.allowed[r] for v, r in self.rep.items()}
+    def memory_row(self) -> None:
+        p = self.p
+        if p.budget is None or not p.memory:
+            return
+        budget = p.budget
+        terms: list[tuple[pulp.LpVariable, float]] = []
+        most = 0.0
+        for r, mem in p.memory.items():
+            ok = np.isfinite(p.linear[r])
+            low = float(mem[ok].min())  # a constant, since one strategy is chosen
+            budget -= low
+            most += float(mem[ok].max()) - low
+            xs = self.vars[r]
+            terms += [
+                (x, (float(mem[i]) - low) / _MEMORY_UNIT) for i, x in enumerate(xs) if x is not None
+            ]
+        if budget < 0:
+            self.infeasible = (
+                "memory_budget: the smallest footprint of the allowed placements exceeds the budget"
+            )
+        elif most > budget:  # otherwise every choice fits and the row is not needed
+            self._row([t for t in terms if t[1]], pulp.LpConstraintLE, budget / _MEMORY_UNIT)
+
+    def finish(self) -> None:
+        self.problem.setObjective(pulp.LpAffineExpression(self.objective) + self.fixed)
 
 
 def build_ilp(
@@ -240,6 +171,7 @@ def build_ilp(
     memory_budget_bytes: float | None = None,
     tie: Mapping[str, str] | None = None,
     edge_keys: Mapping[int, str] | None = None,
+    prune: bool = True,
 ) -> IlpModel:
     """Build the ILP of the module docstring for ``costs``.
 
@@ -247,21 +179,42 @@ def build_ilp(
     missing nodes allow all. ``tie[v] = r`` makes v use r's variables (see
     :mod:`autoplan.ilp.cluster`): tied nodes must have the same strategy list.
     ``edge_keys`` are the clustering's edge price keys, so they are hashed once.
+    ``prune`` removes dominated strategies first (:mod:`autoplan.ilp.prune`).
+    Raises :class:`~autoplan.ilp.problem.InfeasibleError` (a ValueError) naming
+    the node or edge when the constraints alone leave no plan.
     """
-    mask = {v: np.isfinite(c) for v, c in costs.compute.items()}
-    for v, a in (allowed or {}).items():
-        if v in mask:
-            mask[v] = mask[v] & np.asarray(a, dtype=bool)
-    b = _Builder(costs, mask, tie or {}, edge_keys or {})
-    b.add_edges()
-    b.add_memory(memory_budget_bytes)
-    b.set_objective()
+    p = lower(
+        costs,
+        allowed=allowed,
+        tie=tie,
+        edge_keys=edge_keys,
+        memory_budget_bytes=memory_budget_bytes,
+    )
+    simplify(p)
+    before = p.num_allowed()
+    pruned = prune_dominated(p) if prune else 0
+    em = _Emitter(p)
+    em.node_vars()
+    for k, e in enumerate(p.edges):
+        em.edge_vars_of(k, e)
+    em.memory_row()
+    em.finish()
+    stats = {
+        "classes": len(p.linear),
+        "strategies": before,
+        "pruned": pruned,
+        "edges": len(p.edges),
+    }
     return IlpModel(
-        b.problem,
-        b.choice_vars(),
-        b.node_allowed(),
-        b.fixed,
-        b.num_vars,
-        b.num_cons,
-        infeasible=b.infeasible,
+        em.problem,
+        {v: em.vars[r] for v, r in p.rep.items()},
+        {v: np.isfinite(p.linear[r]) for v, r in p.rep.items()},
+        em.fixed,
+        em.num_vars,
+        em.num_cons,
+        infeasible=em.infeasible,
+        stats=stats,
+        reduced=p,
+        class_vars=em.vars,
+        edge_vars=em.edge_vars,
     )

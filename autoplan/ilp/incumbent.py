@@ -1,0 +1,109 @@
+"""Stage 5b-pre, incumbent: a good feasible plan from the LP relaxation, in numpy.
+
+Input: a reduced :class:`~autoplan.ilp.problem.Problem` and the LP
+relaxation's values of each class's strategy variables. Output: one strategy
+per class that meets every constraint, and its exact cost; or None.
+
+Why: the solver proves optimality faster the closer its first solution is to
+the optimum. The solve stage uses this plan twice: as the MIP's warm start,
+and as the upper bound that lets it drop every variable whose LP reduced cost
+says it cannot be part of a cheaper plan (:mod:`autoplan.ilp.solve`).
+
+How: the LP relaxation of this ILP is integral except around the memory row
+(the knapsack), where a class mixes a big and a small footprint. Each class
+takes, of the strategies the LP uses, the one with the smallest footprint
+(so the budget still holds), else the one the LP weighs most; then rounds of
+one-class moves take the cheapest strategy of each class given the others,
+within the budget, until none improves.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from autoplan.ilp.problem import Edge, Problem
+
+_USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
+
+
+def _incident(p: Problem) -> dict[str, list[tuple[Edge, bool]]]:
+    out: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
+    for e in p.edges:
+        out[e.src].append((e, True))
+        out[e.dst].append((e, False))
+    return out
+
+
+def cost_of(p: Problem, choice: dict[str, int]) -> float:
+    """The objective of ``choice`` (one strategy per class); inf if a move is impossible."""
+    total = sum(float(p.linear[r][i]) for r, i in choice.items())
+    for e in p.edges:
+        total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
+    return total
+
+
+def memory_of(p: Problem, choice: dict[str, int]) -> float:
+    return sum(float(m[choice[r]]) for r, m in p.memory.items())
+
+
+def _options(p: Problem, r: str, choice: dict[str, int], edges: list[tuple[Edge, bool]]):
+    """Cost of each strategy of class r with every other class held at ``choice``."""
+    total = p.linear[r].copy()
+    for e, is_src in edges:
+        if is_src:
+            col = e.cost[:, e.dst_group[choice[e.dst]]]
+            total += np.where(e.src_group >= 0, col[np.maximum(e.src_group, 0)], np.inf)
+        else:
+            row = e.cost[e.src_group[choice[e.src]]]
+            total += np.where(e.dst_group >= 0, row[np.maximum(e.dst_group, 0)], np.inf)
+    return total
+
+
+def _improve(p: Problem, choice: dict[str, int], rounds: int) -> None:
+    incident = _incident(p)
+    budget = p.budget if p.budget is not None and p.memory else None
+    used = memory_of(p, choice) if budget is not None else 0.0
+    for _ in range(rounds):
+        moved = False
+        for r in p.linear:
+            if np.isfinite(p.linear[r]).sum() < 2:
+                continue
+            cost = _options(p, r, choice, incident[r])
+            if budget is not None and r in p.memory:
+                room = budget - (used - p.memory[r][choice[r]])
+                cost = np.where(p.memory[r] <= room, cost, np.inf)
+            best = int(np.argmin(cost))
+            if cost[best] < cost[choice[r]] - 1e-9 * max(1.0, abs(cost[best])):
+                if budget is not None and r in p.memory:
+                    used += p.memory[r][best] - p.memory[r][choice[r]]
+                choice[r] = best
+                moved = True
+        if not moved:
+            return
+
+
+def from_lp(
+    p: Problem, values: dict[str, np.ndarray], *, rounds: int = 5
+) -> tuple[dict[str, int], float] | None:
+    """Round LP ``values`` (per class, one per strategy) to a feasible plan and improve it.
+
+    Returns (choice per class, cost), or None when the rounding breaks a constraint.
+    """
+    choice: dict[str, int] = {}
+    for r, cost in p.linear.items():
+        ok = np.isfinite(cost)
+        v = np.where(ok, values.get(r, ok.astype(float)), -1.0)
+        used = v > _USED
+        if r in p.memory and used.sum() > 1:
+            mem = np.where(used, p.memory[r], np.inf)
+            choice[r] = int(np.argmin(mem))
+        else:
+            choice[r] = int(np.argmax(v))
+    if p.budget is not None and p.memory and memory_of(p, choice) > p.budget:
+        return None
+    if not np.isfinite(cost_of(p, choice)):
+        return None
+    _improve(p, choice, rounds)
+    return choice, cost_of(p, choice)

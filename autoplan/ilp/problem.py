@@ -1,0 +1,213 @@
+"""Stage 5a, lower: the ILP's data as numpy arrays over tied classes, simplified exactly.
+
+Input: a :class:`~autoplan.cost.price.CostTable`, each node's allowed
+strategies, the tie map of :mod:`autoplan.ilp.cluster` and the memory budget.
+Output: a :class:`Problem` that :mod:`autoplan.ilp.prune` shrinks further and
+:mod:`autoplan.ilp.build` turns into PuLP objects.
+
+Why numpy first: every reduction below is a few array operations on a
+class's cost vector or an edge's matrix, and PuLP objects are slow to make,
+so the solver model is built once, from the smallest problem.
+
+A *class* is a set of tied nodes (one node when untied): its strategies
+share one set of variables. ``linear[r][i]`` is class r's cost under
+strategy i (the compute of all its members plus edge costs folded into it);
+``inf`` marks a strategy that cannot be chosen. ``memory[r][i]`` is the
+bytes of its parameters. A class :class:`Edge` carries the price matrix of
+the tied edges it stands for, times their number, over the placement groups
+its two ends can still choose.
+
+Simplifications (each keeps every optimum):
+
+* an edge between two members of one class is a linear cost of that class,
+  since both ends take the same strategy;
+* rows and columns no allowed strategy maps to are dropped, and a strategy
+  whose row (column) has no finite price left cannot be chosen;
+* identical rows (columns) are merged: the linearization only needs to know
+  which group is chosen, and both groups price every move alike;
+* an edge with one row, one column, or prices of the form ``a[r] + b[c]`` is
+  folded into its ends' linear costs; an all-zero edge is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.ilp.cluster import edge_key
+
+# Relative tolerance for recognising a[r] + b[c] prices; far below any price difference that matters.
+_ADDITIVE_RTOL = 1e-12
+
+
+class InfeasibleError(ValueError):
+    """No plan meets the constraints; the message names the node or edge that shows it."""
+
+
+@dataclass
+class Edge:
+    """A class edge: ``cost[src_group[i], dst_group[j]]`` when src picks i and dst picks j.
+
+    ``name`` is the first graph edge it stands for, for messages. Groups of
+    strategies that cannot be chosen are ``-1``.
+    """
+
+    src: str
+    dst: str
+    src_group: np.ndarray
+    dst_group: np.ndarray
+    cost: np.ndarray
+    name: str
+
+
+@dataclass
+class Problem:
+    """The ILP's data over classes; :func:`simplify` and the pruner edit it in place."""
+
+    linear: dict[str, np.ndarray]
+    memory: dict[str, np.ndarray]
+    edges: list[Edge]
+    rep: dict[str, str]
+    budget: float | None
+
+    def allowed(self, r: str) -> np.ndarray:
+        return np.isfinite(self.linear[r])
+
+    def num_allowed(self) -> int:
+        return int(sum(np.isfinite(c).sum() for c in self.linear.values()))
+
+
+def lower(
+    costs: CostTable,
+    *,
+    allowed: Mapping[str, np.ndarray] | None = None,
+    tie: Mapping[str, str] | None = None,
+    edge_keys: Mapping[int, str] | None = None,
+    memory_budget_bytes: float | None = None,
+) -> Problem:
+    """Sum tied nodes and edges into classes (see module docstring); not yet simplified."""
+    rep = {v: (tie or {}).get(v, v) for v in costs.compute}
+    linear: dict[str, np.ndarray] = {}
+    for v, c in costs.compute.items():
+        cost = np.asarray(c, dtype=np.float64)
+        mask = (allowed or {}).get(v)
+        if mask is not None:
+            cost = np.where(np.asarray(mask, dtype=bool), cost, np.inf)
+        r = rep[v]
+        linear[r] = linear[r] + cost if r in linear else cost.copy()
+    for r, c in linear.items():
+        if not np.isfinite(c).any():
+            raise InfeasibleError(f"node {r} has no allowed strategy")
+    memory: dict[str, np.ndarray] = {}
+    if memory_budget_bytes is not None:
+        for p, m in costs.memory.items():
+            r = rep[p]
+            memory[r] = memory[r] + m if r in memory else np.asarray(m, dtype=np.float64).copy()
+    tied = any(v != r for v, r in rep.items())
+    grouped: dict[tuple[str, str, str], list[EdgeCost]] = {}
+    for e in costs.edges:
+        # untied edges never share variables: no need to hash their prices
+        key = (edge_keys or {}).get(id(e)) or (edge_key(e) if tied else str(id(e)))
+        grouped.setdefault((rep[e.src], rep[e.dst], key), []).append(e)
+    edges = []
+    for (src, dst, _), es in grouped.items():
+        e = es[0]
+        cost = e.cost * len(es) if len(es) > 1 else e.cost
+        if src == dst:  # both ends take the same strategy: a linear cost
+            linear[src] = linear[src] + cost[e.src_group, e.dst_group]
+            continue
+        edges.append(Edge(src, dst, e.src_group, e.dst_group, cost, f"{e.src} -> {e.dst}"))
+    return Problem(linear, memory, edges, rep, memory_budget_bytes)
+
+
+def _used(group: np.ndarray, ok: np.ndarray, size: int) -> np.ndarray:
+    used = np.zeros(size, dtype=bool)
+    used[group[ok]] = True
+    return used
+
+
+def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
+    """Rule out strategies ``bad`` of class r; raise if none is left."""
+    bad = bad & p.allowed(r)
+    if not bad.any():
+        return False
+    p.linear[r] = np.where(bad, np.inf, p.linear[r])
+    if not p.allowed(r).any():
+        raise InfeasibleError(why)
+    return True
+
+
+def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
+    """Keep the used rows and columns, merging identical ones; regroup the strategies."""
+    rows = _used(e.src_group, ok_src, e.cost.shape[0])
+    cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
+    sub = e.cost[np.ix_(rows, cols)]
+    uniq_rows, row_of = np.unique(sub, axis=0, return_inverse=True)
+    uniq, col_of = np.unique(uniq_rows, axis=1, return_inverse=True)
+    row_map = np.full(e.cost.shape[0], -1)
+    row_map[rows] = row_of.reshape(-1)
+    col_map = np.full(e.cost.shape[1], -1)
+    col_map[cols] = col_of.reshape(-1)
+    e.src_group = np.where(ok_src, row_map[e.src_group], -1)
+    e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
+    e.cost = uniq
+
+
+def _fold(p: Problem, e: Edge) -> bool:
+    """Fold a one-row, one-column, additive or zero edge into linear costs; True if done."""
+    c = e.cost
+    if not np.isfinite(c).all():
+        return False
+    if c.shape[0] > 1 and c.shape[1] > 1:
+        a, b = c[:, :1], c[:1, :] - c[0, 0]
+        if not np.allclose(c, a + b, rtol=_ADDITIVE_RTOL, atol=0.0):
+            return False
+    a, b = c[:, 0], c[0, :] - c[0, 0]
+    ok_s, ok_d = e.src_group >= 0, e.dst_group >= 0
+    p.linear[e.src] = p.linear[e.src] + np.where(ok_s, a[np.maximum(e.src_group, 0)], 0.0)
+    p.linear[e.dst] = p.linear[e.dst] + np.where(ok_d, b[np.maximum(e.dst_group, 0)], 0.0)
+    return True
+
+
+def _restrict(p: Problem, e: Edge) -> bool:
+    """Rule out strategies with no finite move left on ``e``; True if any was."""
+    ok_s, ok_d = p.allowed(e.src), p.allowed(e.dst)
+    rows = _used(e.src_group, ok_s, e.cost.shape[0])
+    cols = _used(e.dst_group, ok_d, e.cost.shape[1])
+    finite = np.isfinite(e.cost) & rows[:, None] & cols[None, :]
+    dead_rows, dead_cols = ~finite.any(axis=1), ~finite.any(axis=0)
+    why = f"edge {e.name}: no allowed placement on one side can be redistributed into any allowed on the other"
+    changed = _forbid(p, e.src, ok_s & dead_rows[e.src_group], why)
+    return _forbid(p, e.dst, ok_d & dead_cols[e.dst_group], why) or changed
+
+
+def simplify(p: Problem) -> None:
+    """Apply the module docstring's simplifications until none applies."""
+    changed = True
+    while changed:
+        changed = False
+        for e in p.edges:
+            changed |= _restrict(p, e)
+    kept = []
+    for e in p.edges:
+        _compact(e, p.allowed(e.src), p.allowed(e.dst))
+        if not _fold(p, e):
+            kept.append(e)
+    p.edges = kept
+
+
+def plain_size(costs: CostTable, budget: bool) -> tuple[int, int]:
+    """(variables, constraints) of the ILP without any reduction, for reports.
+
+    One binary per node strategy and one edge variable per finite price;
+    one row per node, per edge row and column, and the memory row.
+    """
+    num_vars = sum(int(np.isfinite(c).sum()) for c in costs.compute.values())
+    num_cons = len(costs.compute) + int(budget and bool(costs.memory))
+    for e in costs.edges:
+        num_vars += int(np.isfinite(e.cost).sum())
+        num_cons += e.cost.shape[0] + e.cost.shape[1]
+    return num_vars, num_cons

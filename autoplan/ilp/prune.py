@@ -1,0 +1,90 @@
+"""Stage 5a, prune: drop dominated strategies, an exact reduction of the ILP.
+
+Input: a simplified :class:`~autoplan.ilp.problem.Problem`. Output: the same
+problem with fewer allowed strategies (edited in place) and the number removed.
+
+Strategy i *dominates* strategy j of class r when, with every other class's
+choice held, choosing i never costs more nor breaks more than j:
+
+* ``linear[r][i] <= linear[r][j]`` (compute plus folded moves),
+* ``memory[r][i] <= memory[r][j]`` when a memory budget is set,
+* on every incident edge, i's row (column) of prices is ``<=`` j's
+  elementwise over the groups the other end can still choose (``inf`` only
+  where j's is ``inf`` too).
+
+Take any optimum choosing j: switching r to i keeps it feasible and no
+dearer, so some optimum avoids j, and j can go. Equal strategies dominate
+each other; the lower index stays. Pruning is done for all classes at once
+against the strategies allowed before the round, which the argument allows
+(each switch is checked against a superset of what is left), then
+:func:`~autoplan.ilp.problem.simplify` drops the rows and columns nothing
+maps to any more, which can make more strategies dominated; rounds repeat to
+a fixpoint. A strategy forbidden by the user was never allowed, so it never
+dominates: constrained choices only lose strategies to allowed ones.
+
+This is the pruning of Alpa-style planners made exact (Zheng et al., OSDI
+2022, section 4.2 prunes by heuristics instead).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from autoplan.ilp.problem import Edge, Problem, simplify
+
+
+def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]]) -> np.ndarray:
+    """One row per allowed strategy: every price and amount that must not be worse."""
+    cols = [p.linear[r][idx, None]]
+    if p.budget is not None and r in p.memory:
+        cols.append(p.memory[r][idx, None])
+    for e, is_src in edges:
+        cols.append(e.cost[e.src_group[idx]] if is_src else e.cost[:, e.dst_group[idx]].T)
+    return np.hstack(cols)
+
+
+def _dominated(f: np.ndarray) -> np.ndarray:
+    """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays)."""
+    _, first = np.unique(f, axis=0, return_index=True)
+    out = np.ones(len(f), dtype=bool)
+    out[first] = False  # copies of an earlier equal row go
+    distinct = np.sort(first)
+    g = f[distinct]
+    for k, i in enumerate(distinct):
+        better = (g <= g[k]).all(axis=1)
+        better[k] = False
+        if better.any():  # distinct rows: <= everywhere means better somewhere
+            out[i] = True
+    return out
+
+
+def _prune_round(p: Problem) -> int:
+    incident: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
+    for e in p.edges:
+        incident[e.src].append((e, True))
+        incident[e.dst].append((e, False))
+    bad: dict[str, np.ndarray] = {}
+    for r, cost in p.linear.items():
+        idx = np.flatnonzero(np.isfinite(cost))
+        if len(idx) < 2:
+            continue
+        drop = _dominated(_features(p, r, idx, incident[r]))
+        if drop.any():
+            bad[r] = idx[drop]
+    for r, gone in bad.items():  # after the loop: every class judged against the same sets
+        p.linear[r][gone] = np.inf
+    return sum(len(g) for g in bad.values())
+
+
+def prune_dominated(p: Problem, *, max_rounds: int = 50) -> int:
+    """Remove dominated strategies to a fixpoint; returns how many were removed."""
+    removed = 0
+    for _ in range(max_rounds):
+        n = _prune_round(p)
+        if n == 0:
+            break
+        removed += n
+        simplify(p)
+    return removed

@@ -1,0 +1,193 @@
+"""The exact ILP reductions (pruning, folding, reduced-cost fixing) keep the optimum."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import autoplan
+from autoplan import planner
+from autoplan.cost.price import CostTable, EdgeCost, price
+from autoplan.ilp.build import build_ilp
+from autoplan.ilp.cluster import cluster
+from autoplan.ilp.problem import lower, simplify
+from autoplan.ilp.prune import prune_dominated
+from autoplan.ilp.reduce import collapse_followers
+from autoplan.ilp.solve import solve
+from autoplan.models.llama3 import Transformer, tiny
+from autoplan.rewrite import rewrite
+from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.trace import trace_joint
+from tests.test_ilp import SEEDS, _brute_force, _combos, _memory, _random_costs
+
+APPROX = {"rel": 1e-6, "abs": 1e-6}
+
+
+def _edge(src: str, dst: str, rows: list[int], cols: list[int], cost) -> EdgeCost:
+    return EdgeCost(src, 0, dst, 0, np.array(rows), np.array(cols), np.array(cost, dtype=float))
+
+
+def _dominated_pair() -> CostTable:
+    """a's strategy 1 beats strategy 0 (cheaper, same moves); b has a real choice."""
+    edge = _edge("a", "b", [0, 0, 1], [0, 1], [[0.0, 4.0], [3.0, 0.0]])
+    return CostTable(
+        compute={"a": np.array([5.0, 1.0, 2.0]), "b": np.array([0.0, 1.0])},
+        edges=(edge,),
+        memory={},
+    )
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_reduction_matches_brute_force(seed):
+    """With a memory budget and gradient edges, plain and reduced solves equal brute force."""
+    costs = _random_costs(seed, grad_edges=True, memory=True)
+    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    budget = footprints[len(footprints) // 2]
+    best = _brute_force(costs, budget=budget)
+    for prune in (False, True):
+        try:
+            model = build_ilp(costs, memory_budget_bytes=budget, prune=prune)
+        except ValueError:
+            assert not np.isfinite(best)
+            continue
+        for fixing in (False, True):
+            sol = solve(model, fixing=fixing)
+            if not np.isfinite(best):
+                assert sol.status == "infeasible"
+                continue
+            assert sol.status == "optimal"
+            assert sol.objective_us == pytest.approx(best, **APPROX), (prune, fixing)
+            assert _memory(costs, sol.choice) <= budget
+
+
+def test_pruning_reaches_a_fixpoint_and_removes_on_random_cases():
+    """A second pruning pass finds nothing; across the random cases something is pruned."""
+    removed = 0
+    for seed in SEEDS:
+        p = lower(_random_costs(seed, grad_edges=True))
+        try:
+            simplify(p)
+        except ValueError:
+            continue
+        removed += prune_dominated(p)
+        assert prune_dominated(p) == 0
+    assert removed > 0
+
+
+def test_dominated_strategy_is_removed():
+    """A strategy that is dearer and moves alike is pruned; the optimum is unchanged."""
+    costs = _dominated_pair()
+    model = build_ilp(costs)
+    assert model.stats["pruned"] >= 1
+    assert not model.allowed["a"][0]
+    assert solve(model).objective_us == pytest.approx(_brute_force(costs), **APPROX)
+
+
+def test_pinned_strategy_survives_pruning():
+    """A node pinned to a dominated strategy keeps it, and the plan uses it."""
+    costs = _dominated_pair()
+    allowed = {"a": np.array([True, False, False])}
+    model = build_ilp(costs, allowed=allowed)
+    assert model.allowed["a"].tolist() == [True, False, False]
+    sol = solve(model)
+    assert sol.choice["a"] == 0
+    assert sol.objective_us == pytest.approx(_brute_force(costs, allowed=allowed), **APPROX)
+
+
+def test_constrained_choice_loses_strategies_only_to_allowed_ones():
+    """With strategy 1 forbidden, strategy 0 is not pruned in its favour."""
+    costs = _dominated_pair()
+    allowed = {"a": np.array([True, False, True])}
+    model = build_ilp(costs, allowed=allowed)
+    assert model.allowed["a"][0] or model.allowed["a"][2]
+    assert not model.allowed["a"][1]
+    sol = solve(model)
+    assert sol.objective_us == pytest.approx(_brute_force(costs, allowed=allowed), **APPROX)
+
+
+def test_memory_counts_only_under_a_budget():
+    """A faster strategy that needs more memory is pruned only when no budget is set."""
+    costs = CostTable(
+        compute={"p": np.array([1.0, 2.0]), "q": np.array([0.0, 1.0])},
+        edges=(_edge("p", "q", [0, 0], [0, 1], [[0.0, 1.0]]),),
+        memory={"p": np.array([100.0, 10.0])},
+    )
+    assert build_ilp(costs).allowed["p"].tolist() == [True, False]
+    model = build_ilp(costs, memory_budget_bytes=50.0)
+    assert model.allowed["p"].tolist() == [True, True]
+    assert solve(model).choice["p"] == 1
+
+
+def test_real_mlp_is_pruned_and_keeps_its_optimum(meta_mlp):
+    """On a memory-tight MLP on 2x2, every reduction on gives the plain ILP's objective."""
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    plans = {}
+    for on in (True, False):
+        config = autoplan.PlanConfig(
+            memory_budget_gib=0.0004,
+            cluster_layers=on,
+            prune_dominated=on,
+            reduced_cost_fixing=on,
+        )
+        plans[on] = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh, config=config)
+    assert plans[True].status == plans[False].status == "optimal"
+    assert plans[True].ilp_size["pruned"] > 0
+    assert plans[True].ilp_size["variables"] < plans[False].ilp_size["variables"]
+    assert plans[True].objective_us == pytest.approx(plans[False].objective_us, rel=1e-3)
+
+
+# ---------------------------------------------------------------- tiny LLaMA
+
+
+@functools.cache
+def _tiny_llama_costs(layers: int, shape: tuple[int, ...]):
+    """Followers-collapsed costs and the input constraint of a tiny LLaMA on a fake mesh."""
+    mesh = autoplan.fake_mesh(shape, ("dp", "tp", "cp")[: len(shape)])
+    with torch.device("meta"):
+        model = Transformer(tiny(layers))
+    traced, _ = rewrite(
+        trace_joint(model, lambda: torch.randint(0, 128, (8, 32))), mm_mode="einsum"
+    )
+    table = enumerate_strategies(traced, mesh)
+    costs = price(table, traced, autoplan.Topology())
+    spec = ["S(0)" + "R" * (len(shape) - 1)]
+    allowed = planner._constrain(table, traced.inputs, spec, "input_placements")
+    return collapse_followers(table, costs, keep=set(allowed)).costs, allowed
+
+
+def _objective(costs, allowed, budget, *, reduced: bool) -> tuple[float, dict]:
+    tie = cluster(costs) if reduced else None
+    model = build_ilp(
+        costs,
+        allowed=allowed,
+        memory_budget_bytes=budget,
+        tie=tie.rep if tie else None,
+        edge_keys=tie.edge_keys if tie else None,
+        prune=reduced,
+    )
+    sol = solve(model, fixing=reduced)
+    assert sol.status == "optimal"
+    return sol.objective_us, sol.choice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers,shape", [(2, (2, 2)), (4, (2, 2)), (2, (2, 2, 2)), (4, (2, 2, 2))])
+def test_reduced_ilp_matches_plain_on_tiny_llama(layers, shape):
+    """Tied, pruned and fixed: the objective equals the plain ILP's within 0.1 %, free and under a budget."""
+    costs, allowed = _tiny_llama_costs(layers, shape)
+    plain, choice = _objective(costs, allowed, None, reduced=False)
+    reduced, _ = _objective(costs, allowed, None, reduced=True)
+    assert reduced == pytest.approx(plain, rel=1e-3)
+    low = sum(float(m.min()) for m in costs.memory.values())
+    used = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
+    budget = (low + used) / 2  # binding: the free plan does not fit
+    plain_b, _ = _objective(costs, allowed, budget, reduced=False)
+    reduced_b, _ = _objective(costs, allowed, budget, reduced=True)
+    assert plain_b > plain
+    assert reduced_b == pytest.approx(plain_b, rel=1e-3)
