@@ -322,26 +322,36 @@ def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
         _assert_matches(results[mode], plan)
 
 
+# Native mode's budgeted ILP (about 209k variables after pruning) is not proved optimal in
+# 10 minutes on 2 cores; any plan within 5 % of the bound is as good a test of execution.
+NATIVE_BUDGET_OPTIONS = {"solver": "highs", "mip_gap": 0.05, "time_limit_s": 300.0}
+
+
 @pytest.fixture(scope="module")
 def llama_plans() -> dict[str, tuple[str, Plan]]:
     return {
         mode: (
             "llama",
-            _plan("llama", (2, 2), ("dp", "tp"), "S(0)R", budget_gib=LLAMA_TIGHT_GIB, mm_mode=mode),
+            _plan(
+                "llama",
+                (2, 2),
+                ("dp", "tp"),
+                "S(0)R",
+                budget_gib=LLAMA_TIGHT_GIB,
+                mm_mode=mode,
+                **(NATIVE_BUDGET_OPTIONS if mode == "native" else {}),
+            ),
         )
-        for mode in ("einsum",)
+        for mode in ("einsum", "native")
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["einsum"])
+@pytest.mark.parametrize("mode", ["einsum", "native"])
 def test_tiny_llama_on_2x2_follows_the_plan(mode, llama_plans, tmp_path):
-    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and SGD match.
-
-    Native mode's budgeted ILP (about 270k variables) does not solve within 4 minutes on
-    2 cores yet; the pinned test above covers native execution."""
+    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and SGD match."""
     plan = llama_plans[mode][1]
-    assert plan.status == "optimal", plan.message
+    assert plan.status in ("optimal", "time_limit") and plan.objective_us > 0, plan.message
     result = _spawn_cases(tmp_path, {mode: llama_plans[mode]})[mode]
     assert any("S(" in p for p in result["placed"].values()), result["placed"]
     _assert_matches(result, plan)
