@@ -133,7 +133,7 @@ def main() -> None:
         print(_table(rows[-1:]).splitlines()[-1], flush=True)
     text = (
         "# autoplan planning benchmarks\n\n"
-        f"Command: `python scripts/bench.py {' '.join(sys.argv[1:])}`  \n"
+        f"Command: `{' '.join(['python scripts/bench.py', *sys.argv[1:]])}`  \n"
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}. Peak RSS: the planning process's (CBC runs as a "
         "subprocess and is not counted). *plain*: the ILP with one variable per strategy "
