@@ -436,3 +436,29 @@ def test_collapse_skips_node_that_cannot_take_every_placement():
     edges = (dataclasses.replace(x_v, cost=cost), costs.edges[1])
     reduction = collapse_followers(table, CostTable(costs.compute, edges, costs.memory))
     assert reduction.num_merged == 0
+
+
+# ---------------------------------------------------------------- time limit
+
+
+def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
+    """A solve stopped by its time limit gives a plan whose message names the limit and the gap."""
+    import torch
+
+    import autoplan
+    from autoplan import planner
+    from autoplan.ilp.solve import Solution
+
+    def stopped(model, **kwargs):
+        sol = solve(model, **kwargs)
+        return dataclasses.replace(sol, status="time_limit", bound_us=sol.objective_us * 0.9)
+
+    monkeypatch.setattr(planner, "solve", stopped)
+    config = autoplan.PlanConfig(time_limit_s=7.0)
+    plan = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
+    assert plan.status == "time_limit"
+    assert "time_limit_s (7.0 s)" in plan.message
+    assert "10.00%" in plan.message
+    assert Solution("time_limit", 110.0, {}, 1.0, "cbc", bound_us=100.0).gap == pytest.approx(
+        10 / 110
+    )

@@ -52,7 +52,8 @@ class Edge:
     """A class edge: ``cost[src_group[i], dst_group[j]]`` when src picks i and dst picks j.
 
     ``name`` is the first graph edge it stands for, for messages. Groups of
-    strategies that cannot be chosen are ``-1``.
+    strategies that cannot be chosen are ``-1``; ``compact`` says every row and
+    column is used and distinct.
     """
 
     src: str
@@ -61,6 +62,7 @@ class Edge:
     dst_group: np.ndarray
     cost: np.ndarray
     name: str
+    compact: bool = False
 
 
 @dataclass
@@ -140,20 +142,37 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
     return True
 
 
+def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of ``a`` in first-seen order, and each row's index among them."""
+    seen: dict[bytes, int] = {}
+    firsts: list[int] = []
+    of = np.empty(len(a), dtype=np.int64)
+    for k, row in enumerate(a):
+        key = row.tobytes()
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(k)
+        of[k] = seen[key]
+    return a[firsts], of
+
+
 def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
     """Keep the used rows and columns, merging identical ones; regroup the strategies."""
     rows = _used(e.src_group, ok_src, e.cost.shape[0])
     cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
+    if e.compact and rows.all() and cols.all():
+        return  # nothing dropped since the last compaction
     sub = e.cost[np.ix_(rows, cols)]
-    uniq_rows, row_of = np.unique(sub, axis=0, return_inverse=True)
-    uniq, col_of = np.unique(uniq_rows, axis=1, return_inverse=True)
+    uniq_rows, row_of = _dedupe(sub)
+    uniq_t, col_of = _dedupe(np.ascontiguousarray(uniq_rows.T))
     row_map = np.full(e.cost.shape[0], -1)
-    row_map[rows] = row_of.reshape(-1)
+    row_map[rows] = row_of
     col_map = np.full(e.cost.shape[1], -1)
-    col_map[cols] = col_of.reshape(-1)
+    col_map[cols] = col_of
     e.src_group = np.where(ok_src, row_map[e.src_group], -1)
     e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
-    e.cost = uniq
+    e.cost = np.ascontiguousarray(uniq_t.T)
+    e.compact = True
 
 
 def _fold(p: Problem, e: Edge) -> bool:

@@ -45,18 +45,18 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
     return np.hstack(cols)
 
 
-def _dominated(f: np.ndarray) -> np.ndarray:
+def _dominated(f: np.ndarray, chunk: int = 64) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays)."""
-    _, first = np.unique(f, axis=0, return_index=True)
-    out = np.ones(len(f), dtype=bool)
-    out[first] = False  # copies of an earlier equal row go
-    distinct = np.sort(first)
-    g = f[distinct]
-    for k, i in enumerate(distinct):
-        better = (g <= g[k]).all(axis=1)
-        better[k] = False
-        if better.any():  # distinct rows: <= everywhere means better somewhere
-            out[i] = True
+    n = len(f)
+    out = np.zeros(n, dtype=bool)
+    index = np.arange(n)
+    for start in range(0, n, chunk):
+        j = slice(start, min(n, start + chunk))
+        # le[i, k]: row i <= row start+k everywhere; ge: the other way round
+        le = (f[:, None, :] <= f[None, j, :]).all(axis=2)
+        ge = (f[:, None, :] >= f[None, j, :]).all(axis=2)
+        beats = le & (~ge | (index[:, None] < index[None, j]))  # better, or equal and earlier
+        out[j] = beats.any(axis=0)
     return out
 
 
