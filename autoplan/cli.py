@@ -14,6 +14,7 @@ could be made (infeasible), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -30,33 +31,28 @@ from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt, is_even
 from autoplan.plan import Plan
 from autoplan.planner import plan
+from autoplan.progress import PhaseProgress
 from autoplan.rebuild import rebuild
 from autoplan.runfile import Run, RunFileError, load_run, load_topology
 
 
-def _progress(quiet: bool) -> object:
-    if quiet:
-        return None
-
-    def say(phase: str) -> None:
-        print(f"[autoplan] {phase} ...", file=sys.stderr, flush=True)
-
-    return say
-
-
 def run_plan(run: Run, *, quiet: bool = False) -> Plan:
-    """Plan one run file's model on its (fake) mesh."""
+    """Plan one run file's model on its (fake) mesh; unless quiet, show each phase on stderr."""
     mesh = fake_mesh(run.mesh_shape, run.axis_names)
-    return plan(
-        run.build_model(),
-        run.input_fn(),
-        mesh,
-        config=run.config,
-        input_placements=list(run.input_placements) or None,
-        output_placements=list(run.output_placements) or None,
-        pins=run.pins or None,
-        progress=_progress(quiet),  # type: ignore[arg-type]
-    )
+    shape = " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
+    title = f"{run.source}: mesh {shape}, mm_mode {run.config.mm_mode}, solver {run.config.solver}"
+    progress = PhaseProgress(title) if not quiet else contextlib.nullcontext()
+    with progress:
+        return plan(
+            run.build_model(),
+            run.input_fn(),
+            mesh,
+            config=run.config,
+            input_placements=list(run.input_placements) or None,
+            output_placements=list(run.output_placements) or None,
+            pins=run.pins or None,
+            progress=progress if not quiet else None,  # type: ignore[arg-type]
+        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -107,3 +107,14 @@ def test_bad_pins_exit_2_naming_the_pin(tmp_path, capsys):
     uneven += "constraints: {pin: {layers.0.w1.weight: S(0)}}\n"
     assert main(["validate", _run_file(tmp_path, uneven)]) == 2
     assert "constraints.pin.layers.0.w1.weight = S(0) does not divide" in capsys.readouterr().err
+
+
+def test_plan_shows_each_phase_with_its_seconds(tmp_path, capsys):
+    """Without --quiet every phase gets a line on stderr with its wall time; stdout is the plan."""
+    assert main(["plan", _run_file(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert "mesh dp=8, mm_mode einsum, solver cbc" in lines[0]
+    for phase in ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve"):
+        assert any(line.split()[:1] == [phase] and line.endswith(" s") for line in lines), phase
+    assert captured.out.startswith("autoplan plan")
