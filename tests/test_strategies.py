@@ -58,6 +58,23 @@ def test_einsum_mode_offers_no_strided_shard():
     assert len(einsums) == 3 * 8  # forward, grad-input, grad-weight
 
 
+@pytest.mark.parametrize("mode", ["einsum", "native"])
+def test_every_op_with_a_rule_can_run_fully_replicated(mode):
+    """DTensor can always run an op replicated; the planner must offer that too (einsum's
+    generator lists only sharded and partial rules, so it once had no RR strategy)."""
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    traced, _ = rewrite(trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode=mode)
+    table = _table(traced, mode)
+    missing = [
+        name
+        for name, n in table.nodes.items()
+        if n.strategies and n.out_tensors[0] is not None
+        and not any(s.outs[0] is not None and fmt(s.outs[0]) == "RR" for s in n.strategies)
+    ]  # fmt: skip
+    assert not missing, missing
+
+
 def test_strategies_shard_evenly_only(llama_traced):
     """Every offered placement divides its tensor evenly over the mesh."""
     from autoplan.placements import is_even

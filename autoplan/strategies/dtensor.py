@@ -123,8 +123,16 @@ def single_dim_rules(
 
 
 def einsum_rules(equation: str) -> list[list[Placement | _ShardingPlaceholder]]:
-    """Single-dim rules of an einsum ``[out, lhs, rhs]``, from DTensor's einsum generator."""
-    return [list(r) for r in gen_single_dim_einsum_strategies(equation)]
+    """Single-dim rules of an einsum ``[out, lhs, rhs]``, from DTensor's einsum generator.
+
+    The generator lists only sharded and partial rules; DTensor's expansion to the mesh
+    adds full replication itself, so it is added here as for every other op.
+    """
+    rules = [list(r) for r in gen_single_dim_einsum_strategies(equation)]
+    width = len(rules[0]) if rules else 3
+    if not any(all(isinstance(p, Replicate) for p in r) for r in rules):
+        rules.insert(0, [Replicate()] * width)
+    return rules
 
 
 def fill_placeholders(
