@@ -23,6 +23,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
+from autoplan.cost.topology import Device, Topology
 from autoplan.execute import collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
@@ -225,15 +226,33 @@ def _spawn_cases(tmp_path, plans: dict[str, tuple[str, Plan]], meta: bool = Fals
     return _run(cases, tmp_path)
 
 
+# On H100s the tiny MLP's kernels all sit at the per-kernel time floor, so computing
+# replicated costs nothing and the best plan gathers the batch once and never reduces a
+# gradient. On devices 10^5 times slower the compute dominates and data parallelism wins.
+SLOW_DEVICES = Topology(
+    device=Device(
+        "slow", peak_bf16_tflops=0.01, peak_fp32_tflops=0.01, hbm_gbps=10.0, memory_gib=80.0
+    )
+)
+
+
 @pytest.fixture(scope="module")
 def mlp_plans() -> dict[str, tuple[str, Plan]]:
     tight = 4 * 4 * MLP_NUMEL / WORLD / 2**30 * 1.01  # params+grads+2 Adam states, sharded 4 ways
     return {
         "fsdp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", budget_gib=tight)),
-        "ddp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)")),
+        "ddp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", topology=SLOW_DEVICES)),
         "bf16": (
             "mlp",
-            _plan("mlp", (WORLD,), ("dp",), "S(0)", param_dtype="bfloat16", reduce_dtype="float32"),
+            _plan(
+                "mlp",
+                (WORLD,),
+                ("dp",),
+                "S(0)",
+                param_dtype="bfloat16",
+                reduce_dtype="float32",
+                topology=SLOW_DEVICES,
+            ),
         ),
     }
 
