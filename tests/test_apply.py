@@ -23,12 +23,12 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
-from autoplan.cost.topology import Device, Topology
 from autoplan.execute import collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
+from tests.test_planner import SLOW_DEVICES
 
 WORLD = 4
 RTOL, ATOL = 1e-4, 1e-5
@@ -224,16 +224,6 @@ def _spawn_cases(tmp_path, plans: dict[str, tuple[str, Plan]], meta: bool = Fals
     if meta:
         cases.append({"name": "meta", "kind": "meta"})
     return _run(cases, tmp_path)
-
-
-# On H100s the tiny MLP's kernels all sit at the per-kernel time floor, so computing
-# replicated costs nothing and the best plan gathers the batch once and never reduces a
-# gradient. On devices 10^5 times slower the compute dominates and data parallelism wins.
-SLOW_DEVICES = Topology(
-    device=Device(
-        "slow", peak_bf16_tflops=0.01, peak_fp32_tflops=0.01, hbm_gbps=10.0, memory_gib=80.0
-    )
-)
 
 
 @pytest.fixture(scope="module")

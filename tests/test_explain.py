@@ -25,6 +25,12 @@ mesh: {shape: [2, 2], names: [dp, tp]}
 plan: {mm_mode: einsum, collapse_followers: false, cluster_layers: false}
 topology: h100
 """
+# Devices slow enough that the MLP's compute, not the per-kernel floor, sets its time, so
+# data parallelism (keeping the batch sharded) beats computing replicated.
+SLOW_DEVICES = (
+    "{device: {name: slow, peak_bf16_tflops: 0.01, peak_fp32_tflops: 0.01, hbm_gbps: 10, "
+    "memory_gib: 80}}"
+)
 LLAMA = """
 model: {name: llama3, args: {dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 1, vocab_size: 64,
         multiple_of: 32, max_seq_len: 16}}
@@ -94,7 +100,9 @@ def test_alternative_names_the_input_edge_and_its_all_gather(tmp_path):
     """With the input fixed to S(0) on dp, reading it replicated costs an all_gather over dp on that edge."""
     run, _, saved = _planned(
         tmp_path,
-        MLP.replace("[2, 2], names: [dp, tp]", "[4], names: [dp]").replace('"S(0)R"', '"S(0)"'),
+        MLP.replace("[2, 2], names: [dp, tp]", "[4], names: [dp]")
+        .replace('"S(0)R"', '"S(0)"')
+        .replace("topology: h100", f"topology: {SLOW_DEVICES}"),
     )
     rb = rebuild(run, Plan.load(saved))
     (x,) = rb.traced.inputs
