@@ -4,7 +4,8 @@ Input: an :class:`~autoplan.ilp.build.IlpModel`. Output: a :class:`Solution`
 (status, objective, lower bound, the chosen strategy index of every node).
 
 CBC ships inside PuLP, so planning needs no extra install; HiGHS
-(``highspy``) is used when asked for and installed.
+(``highspy``) is used when asked for and installed. Both get the same arrays
+(:mod:`autoplan.ilp.backends`).
 
 Reduced-cost fixing (``fixing=True``), exact: solve the LP relaxation first
 (bound ``LB``, reduced costs ``d``), round it to a feasible plan of cost
@@ -19,18 +20,16 @@ LLaMA3-8B the fixing drops two thirds of the variables and most of the tree.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import pulp
 
+from autoplan.ilp.backends import SOLVERS, RunResult, check_solver, run
 from autoplan.ilp.build import IlpModel
-from autoplan.ilp.incumbent import from_lp
+from autoplan.ilp.incumbent import cost_of, from_lp, memory_of
 
-SOLVERS = ("cbc", "highs")
+__all__ = ["SOLVERS", "RunResult", "Solution", "solve"]
 
 
 @dataclass(frozen=True)
@@ -59,97 +58,65 @@ class Solution:
         return max(0.0, (self.objective_us - self.bound_us) / abs(self.objective_us))
 
 
-def _cbc_path() -> str:
-    """The CBC binary: PuLP's bundled one, or one on PATH."""
-    bundled = os.path.join(
-        os.path.dirname(pulp.__file__), "solverdir", "cbc", "linux", "i64", "cbc"
-    )
-    return bundled if os.path.exists(bundled) else (shutil.which("cbc") or "cbc")
+def _class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Each class's value per strategy (0 where it has no column; 1 on a lone strategy)."""
+    out = {}
+    for r, cols in model.emitted.class_cols.items():
+        v = np.where(cols >= 0, x[np.maximum(cols, 0)], 0.0)
+        if r in model.emitted.fixed:
+            v[model.emitted.fixed[r]] = 1.0
+        out[r] = v
+    return out
 
 
-def _make_solver(
-    name: str, time_limit_s: float | None, mip_gap: float, *, mip: bool = True, warm: bool = False
-) -> pulp.LpSolver:
-    if name == "cbc":
-        # CBC's primal heuristics rarely pay on this ILP (its LP relaxation is
-        # nearly integral) and the dual simplex suits its re-solves: on LLaMA3-8B
-        # 2 layers with a memory budget, 21 s -> 6 s, same optimum.
-        return pulp.COIN_CMD(
-            path=_cbc_path(),
-            msg=False,
-            mip=mip,
-            timeLimit=time_limit_s,
-            gapRel=mip_gap,
-            warmStart=warm,
-            options=["heur off", "dualS"],
-        )
-    if name == "highs":
-        solver = pulp.HiGHS(
-            msg=False, mip=mip, timeLimit=time_limit_s, gapRel=mip_gap, warmStart=warm
-        )
-        if not solver.available():
-            raise ValueError(
-                "solver 'highs' needs the highspy package: pip install 'autoplan[highs]', "
-                "or use solver: cbc"
-            )
-        return solver
-    raise ValueError(f"solver {name!r} is not known; allowed: {', '.join(SOLVERS)}")
-
-
-def _relax(model: IlpModel, solver: str, time_limit_s: float | None) -> float | None:
-    """Solve the LP relaxation in place (values and reduced costs); its optimum, or None."""
-    code = model.problem.solve(_make_solver(solver, time_limit_s, 0.0, mip=False))
-    if pulp.LpStatus[code] != "Optimal":
-        return None
-    return float(pulp.value(model.problem.objective))
-
-
-def _class_values(model: IlpModel) -> dict[str, np.ndarray]:
-    return {
-        r: np.array([(x.varValue or 0.0) if x is not None else 0.0 for x in xs])
-        for r, xs in model.class_vars.items()
-    }
-
-
-def _set_start(model: IlpModel, choice: dict[str, int]) -> None:
-    """Give every variable its value in ``choice`` (the warm start)."""
-    p = model.reduced
-    assert p is not None
-    for r, xs in model.class_vars.items():
-        for i, x in enumerate(xs):
-            if x is not None:
-                x.varValue = 1.0 if i == choice[r] else 0.0
-    for e, made in zip(p.edges, model.edge_vars, strict=True):
-        on = (int(e.src_group[choice[e.src]]), int(e.dst_group[choice[e.dst]]))
-        for key, x in made.items():
-            x.varValue = 1.0 if key == on else 0.0
+def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
+    """The column values of plan ``choice`` (one strategy per class): the warm start."""
+    em, p = model.emitted, model.reduced
+    x = np.zeros(em.matrix.num_cols)
+    for r, cols in em.class_cols.items():
+        if cols[choice[r]] >= 0:
+            x[cols[choice[r]]] = 1.0
+    for e, ecols in zip(p.edges, em.edge_cols, strict=True):
+        x[ecols[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]]] = 1.0
+    return x
 
 
 def _prefix(
     model: IlpModel, solver: str, time_limit_s: float | None
-) -> tuple[float, dict[str, float], list[tuple[pulp.LpVariable, float | None]]]:
-    """LP bound, incumbent and fixing before the MIP; returns (bound, stats, fixed bounds)."""
-    p = model.reduced
-    bound = _relax(model, solver, time_limit_s) if p is not None else None
-    if bound is None or p is None:
-        return math.nan, {}, []
-    found = from_lp(p, _class_values(model))
+) -> tuple[float, dict[str, float], dict[str, int] | None, np.ndarray | None]:
+    """LP bound, stats, the incumbent plan per class and the columns the MIP keeps (None: all)."""
+    m = model.emitted.matrix
+    lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
+    if lp.status != "optimal" or lp.x is None or lp.dj is None:
+        return math.nan, {}, None, None
+    bound = float(m.cost @ lp.x) + m.offset
+    found = from_lp(model.reduced, _class_values(model, lp.x))
     if found is None:
-        return bound, {"lp_bound_us": bound}, []
+        return bound, {"lp_bound_us": bound}, None, None
     choice, upper = found
+    start = _start_vector(model, choice)
     # margin for the LP's tolerances, far below any price difference that matters
     gap = upper - bound + 1e-6 * max(1.0, abs(upper))
-    dead = [
-        x
-        for x in model.problem.variables()
-        if (x.varValue or 0.0) <= 1e-9 and x.dj is not None and x.dj > gap
-    ]
-    _set_start(model, choice)  # overwrites the LP values
-    fixed = [(x, x.upBound) for x in dead if not x.varValue]  # never the incumbent's own
-    for x, _ in fixed:
-        x.upBound = 0
-    stats = {"lp_bound_us": bound, "incumbent_us": upper, "fixed": float(len(fixed))}
-    return bound, stats, fixed
+    dead = (lp.x <= 1e-9) & (lp.dj > gap) & (start == 0.0)  # never the incumbent's own
+    stats = {"lp_bound_us": bound, "incumbent_us": upper, "fixed": float(dead.sum())}
+    return bound, stats, choice, ~dead
+
+
+def _read_choice(model: IlpModel, x: np.ndarray) -> dict[str, int]:
+    """Each class's strategy in solution ``x``: the allowed one with the largest value."""
+    values = _class_values(model, x)
+    return {
+        r: int(np.argmax(np.where(np.isfinite(c), values[r], -1.0)))
+        for r, c in model.reduced.linear.items()
+    }
+
+
+def _valid_cost(model: IlpModel, choice: dict[str, int]) -> float:
+    """The exact cost of a class choice, or inf if it breaks an edge or the memory budget."""
+    p = model.reduced
+    if p.budget is not None and p.memory and memory_of(p, choice) > p.budget * (1 + 1e-9):
+        return math.inf
+    return cost_of(p, choice)
 
 
 def solve(
@@ -160,38 +127,52 @@ def solve(
     mip_gap: float = 0.0,
     fixing: bool = True,
 ) -> Solution:
-    """Solve ``model``; nodes with a single allowed strategy need no variable."""
-    start = time.perf_counter()
+    """Solve ``model``; nodes with a single allowed strategy need no variable.
+
+    The plan returned is checked, not trusted: its cost is recomputed from the
+    reduced problem, and a solver that stops early with no valid plan (CBC
+    can write its LP solution when stopped on time) falls back to the LP-rounded
+    incumbent, reported as ``time_limit``.
+    """
+    check_solver(solver)
+    start_time = time.perf_counter()
     if model.infeasible:
         return Solution("infeasible", float("nan"), {}, 0.0, solver)
-    has_vars = any(x is not None for xs in model.choice_vars.values() for x in xs)
-    bound, stats, fixed = math.nan, {}, []
-    if has_vars:
+    em, p = model.emitted, model.reduced
+    m = em.matrix
+    bound, stats, incumbent = math.nan, {}, None
+    status = "optimal"
+    choice = {r: em.fixed.get(r, 0) for r in p.linear}
+    if m.num_cols:
+        keep = None
         if fixing:
-            bound, stats, fixed = _prefix(model, solver, time_limit_s)
+            bound, stats, incumbent, keep = _prefix(model, solver, time_limit_s)
         left = time_limit_s
         if time_limit_s is not None:
-            left = max(1.0, time_limit_s - (time.perf_counter() - start))
-        warm = "incumbent_us" in stats
-        code = model.problem.solve(_make_solver(solver, left, mip_gap, warm=warm))
-        for x, ub in fixed:
-            x.upBound = ub
-        status_name = pulp.LpStatus[code]
-    else:
-        status_name = "Optimal"
-    seconds = time.perf_counter() - start
-    if status_name in ("Infeasible", "Undefined") or (
-        status_name == "Not Solved" and model.problem.sol_status != pulp.LpSolutionIntegerFeasible
-    ):
-        return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
-    choice: dict[str, int] = {}
-    for v, xs in model.choice_vars.items():
-        if all(x is None for x in xs):
-            choice[v] = int(np.flatnonzero(model.allowed[v])[0])
-            continue
-        values = [(x.varValue or 0.0) if x is not None else -1.0 for x in xs]
-        choice[v] = int(np.argmax(values))
-    objective = pulp.value(model.problem.objective) if has_vars else model.fixed_cost
-    optimal = status_name == "Optimal" and model.problem.sol_status == pulp.LpSolutionOptimal
-    status = "optimal" if optimal or not has_vars else "time_limit"
-    return Solution(status, float(objective), choice, seconds, solver, bound, stats)
+            left = max(1.0, time_limit_s - (time.perf_counter() - start_time))
+        start = _start_vector(model, incumbent) if incumbent is not None else None
+        # Fixed columns are left out of the MIP altogether: a smaller model to write and presolve.
+        sub = m.columns(keep) if keep is not None else m
+        if keep is not None and start is not None:
+            start = start[keep]
+        result = run(sub, solver, mip=True, time_limit_s=left, mip_gap=mip_gap, start=start)
+        if math.isfinite(result.bound):
+            bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
+        found = None
+        if result.x is not None:
+            x = np.zeros(m.num_cols)
+            x[keep if keep is not None else slice(None)] = result.x
+            found = _read_choice(model, x)
+            status = "optimal" if result.status == "optimal" else "time_limit"
+        if found is None or not math.isfinite(_valid_cost(model, found)):
+            if result.status == "infeasible" or incumbent is None:
+                seconds = time.perf_counter() - start_time
+                return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
+            found, status = incumbent, "time_limit"
+        elif incumbent is not None and _valid_cost(model, incumbent) < _valid_cost(model, found):
+            found = incumbent  # a solver stopped early (or at mip_gap) above its warm start
+        choice = found
+    objective = _valid_cost(model, choice)
+    nodes = {v: choice[r] for v, r in p.rep.items()}
+    seconds = time.perf_counter() - start_time
+    return Solution(status, objective, nodes, seconds, solver, bound, stats)

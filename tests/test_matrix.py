@@ -1,0 +1,159 @@
+"""Tests for autoplan.ilp.matrix and autoplan.ilp.backends: the arrays both solvers read."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autoplan.ilp.backends import run, write_mps
+from autoplan.ilp.build import IlpModel
+from autoplan.ilp.incumbent import cost_of, memory_of
+from autoplan.ilp.matrix import emit
+from autoplan.ilp.problem import Edge, Problem
+from autoplan.ilp.solve import solve
+
+SOLVERS = ["cbc", "highs"]
+
+
+def _random_problem(seed: int) -> Problem:
+    """Classes of 1-3 strategies (some impossible), edges with impossible moves, a budget.
+
+    Not simplified: lone-strategy classes keep their edges, so the emitter must move
+    their constant indicator to the right-hand side.
+    """
+    rng = np.random.default_rng(seed)
+    names = [f"n{k}" for k in range(int(rng.integers(3, 6)))]
+    linear, memory = {}, {}
+    for v in names:
+        cost = rng.uniform(0.0, 10.0, int(rng.integers(1, 4)))
+        if len(cost) > 1 and rng.random() < 0.3:
+            cost[int(rng.integers(len(cost)))] = math.inf
+        linear[v] = cost
+        if rng.random() < 0.5:
+            memory[v] = rng.choice([10.0, 20.0, 40.0], len(cost))
+    edges = []
+    for _ in range(int(rng.integers(2, 6))):
+        a, b = rng.choice(len(names), 2, replace=False)
+        u, v = names[a], names[b]
+        src_group = rng.integers(0, 2, len(linear[u]))
+        dst_group = rng.integers(0, 2, len(linear[v]))
+        cost = rng.uniform(0.0, 5.0, (int(src_group.max()) + 1, int(dst_group.max()) + 1))
+        cost[rng.random(cost.shape) < 0.15] = math.inf
+        edges.append(Edge(u, v, src_group, dst_group, cost, f"{u} -> {v}"))
+    budget = float(sum(m.max() for m in memory.values()) * 0.7) if memory else None
+    return Problem(linear, memory, edges, {v: v for v in names}, budget)
+
+
+def _brute_force(p: Problem) -> float:
+    best = math.inf
+    for combo in itertools.product(*(range(len(c)) for c in p.linear.values())):
+        choice = dict(zip(p.linear, combo, strict=True))
+        if p.budget is not None and memory_of(p, choice) > p.budget:
+            continue
+        best = min(best, cost_of(p, choice))
+    return best
+
+
+def _model(p: Problem) -> IlpModel:
+    return IlpModel(emit(p), p, {v: np.isfinite(c) for v, c in p.linear.items()})
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("seed", range(25))
+def test_emitted_matrix_solves_to_brute_force(seed, solver):
+    """Unsimplified random problems (lone-strategy ends, impossible moves, a budget) solve exactly."""
+    p = _random_problem(seed)
+    best = _brute_force(p)
+    sol = solve(_model(p), solver=solver)
+    if not math.isfinite(best):
+        assert sol.status == "infeasible"
+        return
+    assert sol.status == "optimal"
+    assert sol.objective_us == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert cost_of(p, sol.choice) == pytest.approx(best, rel=1e-6, abs=1e-6)
+
+
+def test_random_problems_cover_lone_strategies_and_infeasible_cases():
+    """The random cases above include lone-strategy classes on edges and infeasible problems."""
+    problems = [_random_problem(s) for s in range(25)]
+    lone = sum(
+        1
+        for p in problems
+        for e in p.edges
+        if len(p.linear[e.src]) == 1 or len(p.linear[e.dst]) == 1
+    )
+    assert lone >= 5
+    assert any(not math.isfinite(_brute_force(p)) for p in problems)
+
+
+def test_lone_strategy_class_has_no_column_and_sets_the_rows_right_hand_side():
+    """A one-strategy class is a constant: no column, cost in the offset, 1 on its edge row."""
+    p = Problem(
+        linear={"a": np.array([3.0]), "b": np.array([1.0, 2.0])},
+        memory={},
+        edges=[Edge("a", "b", np.array([1]), np.array([0, 1]), np.ones((2, 2)), "a -> b")],
+        rep={"a": "a", "b": "b"},
+        budget=None,
+    )
+    em = emit(p)
+    assert em.class_cols["a"].tolist() == [-1]
+    assert em.fixed == {"a": 0}
+    assert em.matrix.offset == 3.0
+    # rows: b's one-strategy row, then the edge's two row sums and one column sum
+    assert em.matrix.row_lower.tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_lp_relaxation_returns_reduced_costs(solver):
+    """The LP run gives values and valid reduced costs: LP bound + d_j never exceeds a plan using j."""
+    p = Problem(
+        linear={"a": np.array([1.0, 4.0])}, memory={}, edges=[], rep={"a": "a"}, budget=None
+    )
+    em = emit(p)
+    result = run(em.matrix, solver, mip=False, time_limit_s=None, mip_gap=0.0)
+    assert result.status == "optimal"
+    assert result.x.tolist() == pytest.approx([1.0, 0.0])
+    assert 0.0 <= result.dj[1] <= 3.0 + 1e-9  # the plan using column 1 costs 4 = 1 + 3
+
+
+def test_mps_declares_every_column_once_in_order(tmp_path):
+    """The MPS file lists binaries between markers and each column's entries together."""
+    p = _random_problem(3)
+    em = emit(p)
+    path = tmp_path / "m.mps"
+    write_mps(em.matrix, str(path))
+    lines = path.read_text().splitlines()
+    body = lines[lines.index("COLUMNS") + 1 : lines.index("RHS")]
+    names = [line.split()[0] for line in body if "MARKER" not in line]
+    firsts = list(dict.fromkeys(names))
+    assert firsts == [f"x{j}" for j in range(em.matrix.num_cols)]
+    assert sum(1 for a, b in itertools.pairwise(names) if a != b) == len(firsts) - 1
+
+
+def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypatch):
+    """A MIP stopped on time that hands back fractional LP values yields the checked incumbent."""
+    from autoplan.ilp import solve as solve_module
+
+    p = next(
+        q
+        for q in map(_random_problem, range(100))
+        if q.budget is not None and math.isfinite(_brute_force(q))
+    )
+    model = _model(p)
+    real_run = solve_module.run
+
+    def stopped(m, solver, *, mip, **kwargs):
+        lp = real_run(m, solver, mip=False, time_limit_s=None, mip_gap=0.0)
+        if not mip:
+            return lp
+        return solve_module.RunResult("feasible", np.full(m.num_cols, 0.5))  # not a plan
+
+    monkeypatch.setattr(solve_module, "run", stopped)
+    sol = solve(model, solver="highs")
+    assert sol.status == "time_limit"
+    assert math.isfinite(sol.objective_us)
+    assert cost_of(p, sol.choice) == pytest.approx(sol.objective_us)
+    assert memory_of(p, sol.choice) <= p.budget
