@@ -17,8 +17,10 @@ dispatches to flash attention on a GPU, instead of the unfused math path.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +140,7 @@ def trace_joint(
     # ``exec`` of a 8k-node graph is ~10 % of the trace, paid twice (make_fx builds the
     # module via ``_lazy_graph_module._make_graph_module``, which honours this flag;
     # then ``recompile`` after DCE). The flag is restored on exit.
-    with use_lazy_graph_module(True):
+    with _paused_gc(), use_lazy_graph_module(True):
         with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
             gm = make_fx(step)(params, buffers, list(inputs))
         gm.graph.eliminate_dead_code()
@@ -160,6 +162,25 @@ def trace_joint(
         loss=loss_node.name,
         trace_seconds=trace_seconds,
     )
+
+
+@contextlib.contextmanager
+def _paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector during the trace, then restore it.
+
+    Tracing keeps ~12 GC-tracked objects per node alive (fake tensors, proxies,
+    nodes), so generation-1/2 passes rescan a growing heap: measured with
+    ``gc.callbacks``, 0.47 s of 10.7 s on LLaMA3-8B 32 layers, 1.5 s of 22.7 s on
+    70B 80 layers. Short-lived cyclic garbage made meanwhile is reclaimed by the
+    first collection after ``gc.enable()`` (Python docs, ``gc.disable``).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _is_fake(t: torch.Tensor) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -114,10 +115,16 @@ def test_lazy_codegen_trace_is_the_eager_trace():
     assert lazy.gm.code == eager.gm.code  # generated on first use
 
 
-def test_trace_restores_graph_module_laziness():
-    """Tracing does not leave torch's lazy-GraphModule flag on for the caller's make_fx."""
+def test_trace_restores_lazy_graph_module_flag_and_gc():
+    """Tracing leaves neither torch's lazy-GraphModule flag on nor the caller's GC state changed."""
     with torch.device("meta"):
         model = Transformer(tiny(1))
     trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
-    gm = make_fx(lambda x: x + 1)(torch.ones(2))
-    assert "_code" in gm.__dict__
+    assert gc.isenabled()
+    assert "_code" in make_fx(lambda x: x + 1)(torch.ones(2)).__dict__
+    gc.disable()
+    try:
+        trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
