@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.models.llama3 import Transformer, llama3_8b, tiny
+from autoplan.strategies.dtensor import force_eager_graph_module
 from autoplan.trace import trace_joint
 
 
@@ -71,3 +74,57 @@ def test_trace_8b_layer_on_meta_allocates_nothing_and_is_fast():
     assert time.perf_counter() - start < 30
     assert all(p.is_meta for p in model.parameters())
     assert tg.num_nodes > 100
+
+
+def _fake_signature(val: object) -> object:
+    if isinstance(val, torch.Tensor):
+        return tuple(val.shape), val.dtype, val.stride()
+    if isinstance(val, (tuple, list)):
+        return tuple(_fake_signature(v) for v in val)
+    return val
+
+
+def _node_signature(node: torch.fx.Node) -> tuple:
+    fake = _fake_signature(node.meta.get("val"))
+    return (node.name, node.op, str(node.target), str(node.args), str(node.kwargs), fake)
+
+
+def test_lazy_codegen_trace_is_the_eager_trace():
+    """The lazily compiled GraphModule has the eager one's nodes, fake values, tensor_meta and code."""
+    with torch.device("meta"):
+        model = Transformer(tiny(2))
+    lazy = trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+    with force_eager_graph_module():
+        eager = trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+    assert "_code" not in lazy.gm.__dict__ and "_code" in eager.gm.__dict__
+    assert str(lazy.gm.graph) == str(eager.gm.graph)
+    lazy_nodes, eager_nodes = list(lazy.gm.graph.nodes), list(eager.gm.graph.nodes)
+    assert [_node_signature(n) for n in lazy_nodes] == [_node_signature(n) for n in eager_nodes]
+    assert [n.meta.keys() for n in lazy_nodes] == [n.meta.keys() for n in eager_nodes]
+    assert all(
+        a.meta.get("tensor_meta") == b.meta.get("tensor_meta")
+        for a, b in zip(lazy_nodes, eager_nodes, strict=True)
+    )
+    assert (lazy.params, lazy.buffers, lazy.inputs, lazy.grads, lazy.loss) == (
+        eager.params,
+        eager.buffers,
+        eager.inputs,
+        eager.grads,
+        eager.loss,
+    )
+    assert lazy.gm.code == eager.gm.code  # generated on first use
+
+
+def test_trace_restores_lazy_graph_module_flag_and_gc():
+    """Tracing leaves neither torch's lazy-GraphModule flag on nor the caller's GC state changed."""
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+    assert gc.isenabled()
+    assert "_code" in make_fx(lambda x: x + 1)(torch.ones(2)).__dict__
+    gc.disable()
+    try:
+        trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

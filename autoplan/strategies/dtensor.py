@@ -42,6 +42,7 @@ from torch.distributed.tensor.placement_types import (
     _MaskPartial,
     _StridedShard,
 )
+from torch.fx._lazy_graph_module import _force_skip_lazy_graph_module, _use_lazy_graph_module
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.nn.modules import module as _module
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -69,6 +70,7 @@ __all__ = [
     "redistribute",
     "extract_tensor_metadata",
     "fill_placeholders",
+    "force_eager_graph_module",
     "has_op_strategy",
     "init_fake_process_group",
     "isolated_trace",
@@ -77,10 +79,14 @@ __all__ = [
     "op_strategy",
     "single_dim_rules",
     "tensor_meta",
+    "use_lazy_graph_module",
 ]
 
 ShardingPlaceholder = _ShardingPlaceholder
 extract_tensor_metadata = _extract_tensor_metadata
+# GraphModules that generate their Python code on first use (see trace.py).
+use_lazy_graph_module = _use_lazy_graph_module
+force_eager_graph_module = _force_skip_lazy_graph_module
 aten = torch.ops.aten
 
 # Attention ops a CPU trace produces. DTensor has rules only for the GPU
