@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, shard_degrees, sharded_dim
+from autoplan.placements import Placements, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
@@ -76,7 +76,8 @@ class RedistributeModel:
         self._cache: dict[tuple[Placements, Placements, tuple[int, ...], int], float] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
 
-    def _span(self, axes: tuple[int, ...]) -> tuple[int, int]:
+    def span(self, axes: tuple[int, ...]) -> tuple[int, int]:
+        """(ranks per node, nodes) of the process group over mesh ``axes``."""
         span = self._spans.get(axes)
         if span is None:
             span = self._spans[axes] = group_span(self.mesh_shape, axes, self.gpus_per_node)
@@ -97,22 +98,14 @@ class RedistributeModel:
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
     ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
         """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible."""
-        if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+        found = moves(src, dst, shape, self.mesh_shape)
+        if found is None:
             return None
-        current = list(src)
         numel = math.prod(shape) * dtype_bytes
         out: list[tuple[str, tuple[int, ...], float, float]] = []
-        for kind, axes, target in _fuse(_transforms(src, dst), shape, self.mesh_shape):
-            local = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
-            for a in axes:
-                current[a] = target
-            if not kind:
-                continue
-            if kind == "all_gather":
-                nbytes = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
-            else:
-                nbytes = local
-            p, m = self._span(axes)
+        for kind, axes, divisor in found:
+            nbytes = numel / divisor
+            p, m = self.span(axes)
             out.append((kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m)))
         return out
 
@@ -123,6 +116,40 @@ class RedistributeModel:
         if steps is None:
             return INF
         return sum(s[3] for s in steps)
+
+
+def moves(
+    src: Placements, dst: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...]
+) -> list[tuple[str, tuple[int, ...], int]] | None:
+    """The collectives of one move without bytes: ``[(kind, axes, divisor), ...]``.
+
+    Each collective moves ``numel x dtype_bytes / divisor`` bytes: the local size before
+    the step, or after it for a gather (the gathered size). The divisor is the product of
+    the mesh axes that shard the tensor at that point, so the list depends on the shape
+    only through its rank and through which dims divide evenly by which flattened groups
+    (``_fuse``); :mod:`autoplan.cost.edge_prices` relies on that to reuse it across shapes.
+    None if DTensor cannot make the move.
+    """
+    if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+        return None
+    current = list(src)
+    out: list[tuple[str, tuple[int, ...], int]] = []
+    for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh_shape):
+        local = _divisor(current, mesh_shape)
+        for a in axes:
+            current[a] = target
+        if kind:
+            out.append(
+                (kind, axes, _divisor(current, mesh_shape) if kind == "all_gather" else local)
+            )
+    return out
+
+
+def _divisor(placements: Sequence[Placement], mesh_shape: tuple[int, ...]) -> int:
+    """How many pieces the tensor is cut into: the product of the axes that shard it."""
+    return math.prod(
+        size for p, size in zip(placements, mesh_shape, strict=True) if sharded_dim(p) is not None
+    )
 
 
 def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, Placement]]:
