@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost.redistribute import RedistributeModel, moves
-from autoplan.placements import Placements, sharded_dim
-from autoplan.strategies.dtensor import Partial, Placement, Replicate
+from autoplan.cost.redistribute import R_KIND, RedistributeModel, axis_kind, moves
+from autoplan.placements import Placements
+from autoplan.strategies.dtensor import Partial, Placement
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
 Term = tuple[str, tuple[int, ...], int]
@@ -53,14 +53,6 @@ class _Layout:
 _UNSEEN: Any = object()
 
 
-def _kind(p: Placement) -> int:
-    """What the walk asks of one axis placement: the dim it shards, or R -1, P -2, other -3."""
-    d = sharded_dim(p)
-    if d is not None:
-        return d
-    return -1 if isinstance(p, Replicate) else -2 if isinstance(p, Partial) else -3
-
-
 class EdgePricer:
     """Prices edge matrices on one mesh; owns its caches for one planning run."""
 
@@ -71,18 +63,19 @@ class EdgePricer:
         self._groups = [
             math.prod(mesh[i:j]) for i in range(len(mesh)) for j in range(i + 2, len(mesh) + 1)
         ]
-        # Placement tuples, and the placements of single axes, interned to small ints.
+        # Placement tuples, the placements of single axes and divisibilities, interned to
+        # small ints so that the per-pair caches hash ints, not DTensor placements.
         self._ids: dict[Placements, int] = {}
-        self._placements: list[Placements] = []
         self._axis_ids: dict[Placement, int] = {}
         self._axes: list[tuple[int, ...]] = []  # per placement tuple: its axis ids
-        self._kinds: list[tuple[int, ...]] = []  # per placement tuple: _kind of each axis
+        self._kinds: list[tuple[int, ...]] = []  # per placement tuple: axis_kind of each axis
         self._reduces: list[bool] = []  # may run a fused reduce-scatter (2+ Partial axes)
+        self._divisible: dict[Divisibility, int] = {}
         self._term_ids: dict[Term, int] = {}
         self._terms: list[Term] = []
-        self._pairs: dict[tuple[int, int, Divisibility | None], tuple[int, ...] | None] = {}
+        self._pairs: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
         self._forms: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
-        self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], Divisibility], _Layout] = {}
+        self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
 
     def matrix(
@@ -94,10 +87,11 @@ class EdgePricer:
     ) -> np.ndarray:
         """``cost[r, c] = redist.cost_us(rows[r], cols[c], shape, dtype_bytes)``, all at once."""
         divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
-        key = (self._intern(rows), self._intern(cols), divisible)
+        div = self._divisible.setdefault(divisible, len(self._divisible))
+        key = (self._intern(rows), self._intern(cols), div)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = self._layout(key[0], key[1], divisible, shape)
+            layout = self._layouts[key] = self._layout(key[0], key[1], div, shape)
         numel = math.prod(shape) * dtype_bytes
         times = np.zeros(len(layout.terms) + 1)  # the last entry is the pad
         for k, term in enumerate(layout.terms):
@@ -117,12 +111,11 @@ class EdgePricer:
         for p in placements:
             i = self._ids.get(p)
             if i is None:
-                i = self._ids[p] = len(self._placements)
-                self._placements.append(p)
+                i = self._ids[p] = len(self._axes)
                 self._axes.append(
                     tuple(self._axis_ids.setdefault(x, len(self._axis_ids)) for x in p)
                 )
-                self._kinds.append(tuple(_kind(x) for x in p))
+                self._kinds.append(tuple(axis_kind(x) for x in p))
                 self._reduces.append(sum(isinstance(x, Partial) for x in p) >= 2)
             out.append(i)
         return tuple(out)
@@ -131,46 +124,58 @@ class EdgePricer:
         self,
         rows: tuple[int, ...],
         cols: tuple[int, ...],
-        divisible: Divisibility,
+        div: int,
         shape: tuple[int, ...],
     ) -> _Layout:
-        pairs = [[self._pair(r, c, divisible, shape) for c in cols] for r in rows]
-        depth = max((len(t) for row in pairs for t in row if t is not None), default=0)
+        # One dict lookup per pair, the rest per distinct move of the edge: on 3-axis meshes
+        # an edge has 10^4-10^5 pairs and this loop is most of the cost.
+        distinct: dict[tuple[int, ...] | None, int] = {}
+        index, get, unseen = distinct.setdefault, self._pairs.get, _UNSEEN
+        which: list[int] = []
+        for r in rows:
+            # Divisibility only decides whether _fuse merges a run of reduce-scatters, and
+            # a run needs two equal Partial source axes; other moves fit every shape.
+            d = div if self._reduces[r] else -1
+            for c in cols:
+                terms = get((r, c, d), unseen)
+                if terms is unseen:
+                    terms = self._pair(r, c, d, shape)
+                which.append(index(terms, len(distinct)))
         local: dict[int, int] = {}
-        for row in pairs:
-            for terms in row:
-                for t in terms or ():
-                    local.setdefault(t, len(local))
-        slots = np.full((depth, len(rows), len(cols)), len(local), dtype=np.intp)
-        impossible = np.zeros((len(rows), len(cols)), dtype=bool)
-        for r, row in enumerate(pairs):
-            for c, terms in enumerate(row):
-                if terms is None:
-                    impossible[r, c] = True
-                    continue
-                for k, t in enumerate(terms):
-                    slots[k, r, c] = local[t]
+        for terms in distinct:
+            for t in terms or ():
+                local.setdefault(t, len(local))
+        depth = max((len(t) for t in distinct if t is not None), default=0)
+        table = np.full((len(distinct), depth), len(local), dtype=np.intp)
+        for u, terms in enumerate(distinct):
+            for k, t in enumerate(terms or ()):
+                table[u, k] = local[t]
+        moves_of = np.array(which, dtype=np.intp).reshape(len(rows), len(cols))
+        slots = np.ascontiguousarray(np.moveaxis(table[moves_of], -1, 0))
+        impossible = moves_of == distinct.get(None, -1)
         return _Layout(tuple(local), slots, impossible)
 
-    def _pair(
-        self, src: int, dst: int, divisible: Divisibility, shape: tuple[int, ...]
-    ) -> tuple[int, ...] | None:
-        """Term ids of one move; any shape with the same divisibility gives the same."""
-        # Divisibility only decides whether _fuse merges a run of reduce-scatters, and a run
-        # needs two equal Partial source axes; other moves are the same for every shape.
-        key = (src, dst, divisible if self._reduces[src] else None)
+    def _pair(self, src: int, dst: int, div: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Term ids of one move; any shape with the same divisibility ``div`` (-1: any shape)
+        gives the same."""
+        key = (src, dst, div)
         terms = self._pairs.get(key, _UNSEEN)
         if terms is not _UNSEEN:
             return terms
-        # The walk sees an axis placement only through its kind and which placements equal
-        # it, so moves of one *form* (S(0)R -> _S(0,2)R and S(0)R -> _S(0,4)R, say) share it.
-        seen: dict[int, int] = {}
-        same = tuple(seen.setdefault(x, len(seen)) for x in self._axes[src] + self._axes[dst])
-        form = (self._kinds[src], self._kinds[dst], same, key[2])
+        # The codes of redistribute.encode, labelled by first appearance so that moves of
+        # one form (S(0)R -> _S(0,2)R and S(0)R -> _S(0,4)R, say) share one walk.
+        labels: dict[int, int] = {}
+        codes = tuple(
+            (k, 0 if k == R_KIND else labels.setdefault(a, len(labels) + 1))
+            for a, k in zip(
+                self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], strict=True
+            )
+        )
+        form = (codes, key[2])
         terms = self._forms.get(form, _UNSEEN)
         if terms is _UNSEEN:
-            a, b = self._placements[src], self._placements[dst]
-            found = () if src == dst else moves(a, b, shape, self.redist.mesh_shape)
+            n = len(self._axes[src])
+            found = moves(codes[:n], codes[n:], shape, self.redist.mesh_shape)
             terms = None if found is None else tuple(self._term(t) for t in found)
             self._forms[form] = terms
         self._pairs[key] = terms

@@ -41,28 +41,59 @@ from autoplan.strategies.dtensor import Partial, Placement, Replicate
 INF = math.inf
 
 
-def _is_partial(p: Placement) -> bool:
-    return isinstance(p, Partial)
+# The walk below sees each axis placement as a *code* ``(kind, label)``: kind is the
+# tensor dim it shards (Shard and _StridedShard alike), or R_KIND, P_KIND (any Partial)
+# or OTHER_KIND; label tells apart unequal placements of one kind (``S(0)`` and
+# ``_S(0,2)``, ``P`` and ``P(avg)``) and is 0 for R. That is all DTensor's order depends
+# on, so one walk serves every move of the same form, and comparing int pairs is much
+# cheaper than comparing DTensor placements. :func:`encode` makes the codes of one move.
+Code = tuple[int, int]
+R_KIND, P_KIND, OTHER_KIND = -1, -2, -3
+R_CODE: Code = (R_KIND, 0)
 
 
-def _step(src: Placement, dst: Placement) -> str | None:
+def axis_kind(p: Placement) -> int:
+    """The tensor dim ``p`` shards, or ``R_KIND`` (-1), ``P_KIND`` (-2), ``OTHER_KIND`` (-3)."""
+    d = sharded_dim(p)
+    if d is not None:
+        return d
+    return R_KIND if isinstance(p, Replicate) else P_KIND if isinstance(p, Partial) else OTHER_KIND
+
+
+def encode(src: Placements, dst: Placements) -> tuple[tuple[Code, ...], tuple[Code, ...]]:
+    """The codes of one move: equal placements get equal codes, unequal ones unequal."""
+    seen: list[Placement] = []
+    codes: list[Code] = []
+    for p in (*src, *dst):
+        k = axis_kind(p)
+        if k == R_KIND:
+            codes.append(R_CODE)
+            continue
+        label = next((i for i, q in enumerate(seen) if q == p), len(seen)) + 1
+        if label > len(seen):
+            seen.append(p)
+        codes.append((k, label))
+    return tuple(codes[: len(src)]), tuple(codes[len(src) :])
+
+
+def _step(src: Code, dst: Code) -> str | None:
     """The collective one axis needs, ``""`` for a free local step, None if impossible."""
     if src == dst:
         return ""
-    s_dim, d_dim = sharded_dim(src), sharded_dim(dst)
-    if _is_partial(src):
-        if isinstance(dst, Replicate):
+    s, d = src[0], dst[0]
+    if s == P_KIND:
+        if d == R_KIND:
             return "all_reduce"
-        if d_dim is not None:
+        if d >= 0:
             return "reduce_scatter"
         return None  # one partial kind to another
-    if s_dim is not None:
-        if isinstance(dst, Replicate):
+    if s >= 0:
+        if d == R_KIND:
             return "all_gather"
-        if d_dim is not None:
-            return "all_gather" if s_dim == d_dim else "all_to_all"
+        if d >= 0:
+            return "all_gather" if s == d else "all_to_all"
         return None  # S -> P
-    # src is Replicate
+    # src is Replicate (or of another kind): a local slice or zeroing
     return ""
 
 
@@ -98,7 +129,7 @@ class RedistributeModel:
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
     ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
         """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible."""
-        found = moves(src, dst, shape, self.mesh_shape)
+        found = moves(*encode(src, dst), shape, self.mesh_shape)
         if found is None:
             return None
         numel = math.prod(shape) * dtype_bytes
@@ -119,9 +150,13 @@ class RedistributeModel:
 
 
 def moves(
-    src: Placements, dst: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...]
+    src: tuple[Code, ...],
+    dst: tuple[Code, ...],
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
 ) -> list[tuple[str, tuple[int, ...], int]] | None:
-    """The collectives of one move without bytes: ``[(kind, axes, divisor), ...]``.
+    """The collectives of one move (as :func:`encode` codes) without bytes:
+    ``[(kind, axes, divisor), ...]``.
 
     Each collective moves ``numel x dtype_bytes / divisor`` bytes: the local size before
     the step, or after it for a gather (the gathered size). The divisor is the product of
@@ -145,14 +180,12 @@ def moves(
     return out
 
 
-def _divisor(placements: Sequence[Placement], mesh_shape: tuple[int, ...]) -> int:
+def _divisor(codes: Sequence[Code], mesh_shape: tuple[int, ...]) -> int:
     """How many pieces the tensor is cut into: the product of the axes that shard it."""
-    return math.prod(
-        size for p, size in zip(placements, mesh_shape, strict=True) if sharded_dim(p) is not None
-    )
+    return math.prod(size for c, size in zip(codes, mesh_shape, strict=True) if c[0] >= 0)
 
 
-def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, Placement]]:
+def _transforms(src: tuple[Code, ...], dst: tuple[Code, ...]) -> list[tuple[int, Code, Code]]:
     """The per-axis steps ``(axis, from, to)`` DTensor's redistribute takes, in order.
 
     DTensor (default shard order) first walks the axes innermost to outermost. A shard of
@@ -163,16 +196,16 @@ def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, 
     S(0)S(0)`` costs an all-gather, not a local slice.
     """
     current = list(src)
-    steps: list[tuple[int, Placement, Placement]] = []
-    if any(sharded_dim(p) is not None for p in src):
+    steps: list[tuple[int, Code, Code]] = []
+    if any(c[0] >= 0 for c in src):
         for axis in reversed(range(len(src))):
             target = dst[axis]
-            d = sharded_dim(target)
-            if d is not None:
-                have = [i for i in range(axis) if sharded_dim(current[i]) == d]
-                want = [i for i in range(axis) if sharded_dim(dst[i]) == d]
+            d = target[0]
+            if d >= 0:
+                have = [i for i in range(axis) if current[i][0] == d]
+                want = [i for i in range(axis) if dst[i][0] == d]
                 if have != want:
-                    target = Replicate()
+                    target = R_CODE
             if current[axis] != target:
                 steps.append((axis, current[axis], target))
                 current[axis] = target
@@ -184,10 +217,10 @@ def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, 
 
 
 def _fuse(
-    steps: list[tuple[int, Placement, Placement]],
+    steps: list[tuple[int, Code, Code]],
     shape: tuple[int, ...],
     mesh_shape: tuple[int, ...],
-) -> list[tuple[str, tuple[int, ...], Placement]]:
+) -> list[tuple[str, tuple[int, ...], Code]]:
     """Group consecutive identical collectives on adjacent axes into one flattened one.
 
     DTensor merges a run of consecutive steps with the same (from, to) pair into one
@@ -197,7 +230,7 @@ def _fuse(
     merge as a whole stays step by step. Output: ``(kind, axes, target)``, kind ``""``
     for a local step.
     """
-    out: list[tuple[str, tuple[int, ...], Placement]] = []
+    out: list[tuple[str, tuple[int, ...], Code]] = []
     i = 0
     while i < len(steps):
         axis, a, b = steps[i]
@@ -211,7 +244,7 @@ def _fuse(
         order = axes if kind == "all_reduce" else sorted(axes, reverse=kind == "all_gather")
         contiguous = sorted(axes) == list(range(min(axes), max(axes) + 1))
         even = kind != "reduce_scatter" or (
-            shape[sharded_dim(b)] % math.prod(mesh_shape[x] for x in axes) == 0
+            shape[b[0]] % math.prod(mesh_shape[x] for x in axes) == 0
         )
         if len(run) > 1 and axes == order and contiguous and even:
             out.append((kind, tuple(sorted(axes)), b))
