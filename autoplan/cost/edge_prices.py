@@ -11,7 +11,9 @@ each walking DTensor's step order and the collective model in Python. But which
 collectives a move runs, on which axis groups and on what fraction of the
 tensor (:func:`~autoplan.cost.redistribute.moves`) depends on the shape only
 through its rank and through which dims divide evenly by which flattened axis
-groups. So each (source, target, divisibility) pair is walked once per planning
+groups, and on the placements only through their *form* (the codes of
+:func:`~autoplan.cost.redistribute.encode`: each axis's kind and which
+placements are equal). So each (form, divisibility) is walked once per planning
 run, an edge's pairs become integer arrays of *terms* (collective, axes,
 divisor) once per (rows, columns, divisibility), and a matrix costs one
 ``time_us`` per distinct term and bytes plus a few numpy gathers. The per-step
@@ -27,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost.redistribute import R_KIND, RedistributeModel, axis_kind, moves
+from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
 from autoplan.placements import Placements
-from autoplan.strategies.dtensor import Partial, Placement
+from autoplan.strategies.dtensor import Placement
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
 Term = tuple[str, tuple[int, ...], int]
@@ -116,7 +118,7 @@ class EdgePricer:
                     tuple(self._axis_ids.setdefault(x, len(self._axis_ids)) for x in p)
                 )
                 self._kinds.append(tuple(axis_kind(x) for x in p))
-                self._reduces.append(sum(isinstance(x, Partial) for x in p) >= 2)
+                self._reduces.append(self._kinds[-1].count(P_KIND) >= 2)
             out.append(i)
         return tuple(out)
 
