@@ -26,6 +26,7 @@ from torch import fx
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
+from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.topology import Topology
 from autoplan.placements import Placements
@@ -69,7 +70,7 @@ def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Plac
 
 
 def edge_cost(
-    redist: RedistributeModel,
+    pricer: EdgePricer,
     src: str,
     src_out: int,
     dst: str,
@@ -78,13 +79,10 @@ def edge_cost(
     dst_placements: list[Placements | None],
     tensor: TensorInfo,
 ) -> EdgeCost:
-    """Group both sides by placement and price each (row, column) pair."""
+    """Group both sides by placement and price the (row, column) matrix."""
     sg, rows = _groups(src_placements)
     dg, cols = _groups(dst_placements)
-    cost = np.empty((len(rows), len(cols)))
-    for r, a in enumerate(rows):
-        for c, b in enumerate(cols):
-            cost[r, c] = redist.cost_us(a, b, tensor.shape, tensor.dtype_bytes)
+    cost = pricer.matrix(rows, cols, tensor.shape, tensor.dtype_bytes)
     return EdgeCost(src, src_out, dst, slot, sg, dg, cost, rows, cols, tensor)
 
 
@@ -108,7 +106,7 @@ def price(
     """
     mesh_shape = table.mesh_shape
     compute_model = ComputeModel(topology.device, mesh_shape)
-    redist = RedistributeModel(mesh_shape, CollectiveModel(topology))
+    pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topology)))
     fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}
     compute: dict[str, np.ndarray] = {}
     edges: list[EdgeCost] = []
@@ -137,7 +135,7 @@ def price(
             cached = edge_cache.get(ekey) if cache else None
             if cached is None:
                 cached = edge_cache[ekey] = edge_cost(
-                    redist,
+                    pricer,
                     ref.node,
                     ref.index,
                     name,
@@ -165,7 +163,7 @@ def price(
             g = table.nodes[grad]
             edges.append(
                 edge_cost(
-                    redist,
+                    pricer,
                     grad,
                     0,
                     pname,

@@ -35,34 +35,65 @@ from collections.abc import Sequence
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, shard_degrees, sharded_dim
+from autoplan.placements import Placements, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
 
 
-def _is_partial(p: Placement) -> bool:
-    return isinstance(p, Partial)
+# The walk below sees each axis placement as a *code* ``(kind, label)``: kind is the
+# tensor dim it shards (Shard and _StridedShard alike), or R_KIND, P_KIND (any Partial)
+# or OTHER_KIND; label tells apart unequal placements of one kind (``S(0)`` and
+# ``_S(0,2)``, ``P`` and ``P(avg)``) and is 0 for R. That is all DTensor's order depends
+# on, so one walk serves every move of the same form, and comparing int pairs is much
+# cheaper than comparing DTensor placements. :func:`encode` makes the codes of one move.
+Code = tuple[int, int]
+R_KIND, P_KIND, OTHER_KIND = -1, -2, -3
+R_CODE: Code = (R_KIND, 0)
 
 
-def _step(src: Placement, dst: Placement) -> str | None:
+def axis_kind(p: Placement) -> int:
+    """The tensor dim ``p`` shards, or ``R_KIND`` (-1), ``P_KIND`` (-2), ``OTHER_KIND`` (-3)."""
+    d = sharded_dim(p)
+    if d is not None:
+        return d
+    return R_KIND if isinstance(p, Replicate) else P_KIND if isinstance(p, Partial) else OTHER_KIND
+
+
+def encode(src: Placements, dst: Placements) -> tuple[tuple[Code, ...], tuple[Code, ...]]:
+    """The codes of one move: equal placements get equal codes, unequal ones unequal."""
+    seen: list[Placement] = []
+    codes: list[Code] = []
+    for p in (*src, *dst):
+        k = axis_kind(p)
+        if k == R_KIND:
+            codes.append(R_CODE)
+            continue
+        label = next((i for i, q in enumerate(seen) if q == p), len(seen)) + 1
+        if label > len(seen):
+            seen.append(p)
+        codes.append((k, label))
+    return tuple(codes[: len(src)]), tuple(codes[len(src) :])
+
+
+def _step(src: Code, dst: Code) -> str | None:
     """The collective one axis needs, ``""`` for a free local step, None if impossible."""
     if src == dst:
         return ""
-    s_dim, d_dim = sharded_dim(src), sharded_dim(dst)
-    if _is_partial(src):
-        if isinstance(dst, Replicate):
+    s, d = src[0], dst[0]
+    if s == P_KIND:
+        if d == R_KIND:
             return "all_reduce"
-        if d_dim is not None:
+        if d >= 0:
             return "reduce_scatter"
         return None  # one partial kind to another
-    if s_dim is not None:
-        if isinstance(dst, Replicate):
+    if s >= 0:
+        if d == R_KIND:
             return "all_gather"
-        if d_dim is not None:
-            return "all_gather" if s_dim == d_dim else "all_to_all"
+        if d >= 0:
+            return "all_gather" if s == d else "all_to_all"
         return None  # S -> P
-    # src is Replicate
+    # src is Replicate (or of another kind): a local slice or zeroing
     return ""
 
 
@@ -76,7 +107,8 @@ class RedistributeModel:
         self._cache: dict[tuple[Placements, Placements, tuple[int, ...], int], float] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
 
-    def _span(self, axes: tuple[int, ...]) -> tuple[int, int]:
+    def span(self, axes: tuple[int, ...]) -> tuple[int, int]:
+        """(ranks per node, nodes) of the process group over mesh ``axes``."""
         span = self._spans.get(axes)
         if span is None:
             span = self._spans[axes] = group_span(self.mesh_shape, axes, self.gpus_per_node)
@@ -97,22 +129,14 @@ class RedistributeModel:
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
     ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
         """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible."""
-        if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+        found = moves(*encode(src, dst), shape, self.mesh_shape)
+        if found is None:
             return None
-        current = list(src)
         numel = math.prod(shape) * dtype_bytes
         out: list[tuple[str, tuple[int, ...], float, float]] = []
-        for kind, axes, target in _fuse(_transforms(src, dst), shape, self.mesh_shape):
-            local = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
-            for a in axes:
-                current[a] = target
-            if not kind:
-                continue
-            if kind == "all_gather":
-                nbytes = numel / math.prod(shard_degrees(current, self.mesh_shape, len(shape)))
-            else:
-                nbytes = local
-            p, m = self._span(axes)
+        for kind, axes, divisor in found:
+            nbytes = numel / divisor
+            p, m = self.span(axes)
             out.append((kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m)))
         return out
 
@@ -125,7 +149,43 @@ class RedistributeModel:
         return sum(s[3] for s in steps)
 
 
-def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, Placement]]:
+def moves(
+    src: tuple[Code, ...],
+    dst: tuple[Code, ...],
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+) -> list[tuple[str, tuple[int, ...], int]] | None:
+    """The collectives of one move (as :func:`encode` codes) without bytes:
+    ``[(kind, axes, divisor), ...]``.
+
+    Each collective moves ``numel x dtype_bytes / divisor`` bytes: the local size before
+    the step, or after it for a gather (the gathered size). The divisor is the product of
+    the mesh axes that shard the tensor at that point, so the list depends on the shape
+    only through its rank and through which dims divide evenly by which flattened groups
+    (``_fuse``); :mod:`autoplan.cost.edge_prices` relies on that to reuse it across shapes.
+    None if DTensor cannot make the move.
+    """
+    if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+        return None
+    current = list(src)
+    out: list[tuple[str, tuple[int, ...], int]] = []
+    for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh_shape):
+        local = _divisor(current, mesh_shape)
+        for a in axes:
+            current[a] = target
+        if kind:
+            out.append(
+                (kind, axes, _divisor(current, mesh_shape) if kind == "all_gather" else local)
+            )
+    return out
+
+
+def _divisor(codes: Sequence[Code], mesh_shape: tuple[int, ...]) -> int:
+    """How many pieces the tensor is cut into: the product of the axes that shard it."""
+    return math.prod(size for c, size in zip(codes, mesh_shape, strict=True) if c[0] >= 0)
+
+
+def _transforms(src: tuple[Code, ...], dst: tuple[Code, ...]) -> list[tuple[int, Code, Code]]:
     """The per-axis steps ``(axis, from, to)`` DTensor's redistribute takes, in order.
 
     DTensor (default shard order) first walks the axes innermost to outermost. A shard of
@@ -136,16 +196,16 @@ def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, 
     S(0)S(0)`` costs an all-gather, not a local slice.
     """
     current = list(src)
-    steps: list[tuple[int, Placement, Placement]] = []
-    if any(sharded_dim(p) is not None for p in src):
+    steps: list[tuple[int, Code, Code]] = []
+    if any(c[0] >= 0 for c in src):
         for axis in reversed(range(len(src))):
             target = dst[axis]
-            d = sharded_dim(target)
-            if d is not None:
-                have = [i for i in range(axis) if sharded_dim(current[i]) == d]
-                want = [i for i in range(axis) if sharded_dim(dst[i]) == d]
+            d = target[0]
+            if d >= 0:
+                have = [i for i in range(axis) if current[i][0] == d]
+                want = [i for i in range(axis) if dst[i][0] == d]
                 if have != want:
-                    target = Replicate()
+                    target = R_CODE
             if current[axis] != target:
                 steps.append((axis, current[axis], target))
                 current[axis] = target
@@ -157,10 +217,10 @@ def _transforms(src: Placements, dst: Placements) -> list[tuple[int, Placement, 
 
 
 def _fuse(
-    steps: list[tuple[int, Placement, Placement]],
+    steps: list[tuple[int, Code, Code]],
     shape: tuple[int, ...],
     mesh_shape: tuple[int, ...],
-) -> list[tuple[str, tuple[int, ...], Placement]]:
+) -> list[tuple[str, tuple[int, ...], Code]]:
     """Group consecutive identical collectives on adjacent axes into one flattened one.
 
     DTensor merges a run of consecutive steps with the same (from, to) pair into one
@@ -170,7 +230,7 @@ def _fuse(
     merge as a whole stays step by step. Output: ``(kind, axes, target)``, kind ``""``
     for a local step.
     """
-    out: list[tuple[str, tuple[int, ...], Placement]] = []
+    out: list[tuple[str, tuple[int, ...], Code]] = []
     i = 0
     while i < len(steps):
         axis, a, b = steps[i]
@@ -184,7 +244,7 @@ def _fuse(
         order = axes if kind == "all_reduce" else sorted(axes, reverse=kind == "all_gather")
         contiguous = sorted(axes) == list(range(min(axes), max(axes) + 1))
         even = kind != "reduce_scatter" or (
-            shape[sharded_dim(b)] % math.prod(mesh_shape[x] for x in axes) == 0
+            shape[b[0]] % math.prod(mesh_shape[x] for x in axes) == 0
         )
         if len(run) > 1 and axes == order and contiguous and even:
             out.append((kind, tuple(sorted(axes)), b))

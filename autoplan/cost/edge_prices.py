@@ -1,0 +1,201 @@
+"""Redistribution prices of whole edges: one matrix per producer->consumer tensor.
+
+Stage 4, cost (called by :mod:`autoplan.cost.price`). Input: an edge's distinct
+source placements (rows), distinct target placements (columns), the tensor's
+shape and element size. Output: the rows x columns matrix of microseconds, equal
+bit for bit to :meth:`RedistributeModel.cost_us` pair by pair (``inf`` where the
+move is impossible).
+
+Why: priced pair by pair, a 2-layer LLaMA on an 8x8 mesh asks about 10^5 pairs,
+each walking DTensor's step order and the collective model in Python. But which
+collectives a move runs, on which axis groups and on what fraction of the
+tensor (:func:`~autoplan.cost.redistribute.moves`) depends on the shape only
+through its rank and through which dims divide evenly by which flattened axis
+groups, and on the placements only through their *form* (the codes of
+:func:`~autoplan.cost.redistribute.encode`: each axis's kind and which
+placements are equal). So each (form, divisibility) is walked once per planning
+run, an edge's pairs become integer arrays of *terms* (collective, axes,
+divisor) once per (rows, columns, divisibility), and a matrix costs one
+``time_us`` per distinct term and bytes plus a few numpy gathers. The per-step
+sums run in the same order as ``cost_us``'s, so the floats are the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
+from autoplan.placements import Placements
+from autoplan.strategies.dtensor import Placement
+
+# (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
+Term = tuple[str, tuple[int, ...], int]
+# Per tensor dim, whether it divides by each flattened group of two or more adjacent axes.
+Divisibility = tuple[tuple[bool, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The terms of every (row, column) pair of one edge, without bytes.
+
+    ``slots[k, r, c]`` indexes ``terms`` for the k-th collective of pair (r, c), or
+    ``len(terms)`` (a zero-time pad) when the pair has fewer collectives.
+    """
+
+    terms: tuple[int, ...]  # ids into EdgePricer's term list
+    slots: np.ndarray  # (steps, rows, cols) int
+    impossible: np.ndarray  # (rows, cols) bool
+
+
+_UNSEEN: Any = object()
+
+
+class EdgePricer:
+    """Prices edge matrices on one mesh; owns its caches for one planning run."""
+
+    def __init__(self, redist: RedistributeModel) -> None:
+        self.redist = redist
+        mesh = redist.mesh_shape
+        # Flattened groups _fuse may merge a reduce-scatter over: runs of adjacent axes.
+        self._groups = [
+            math.prod(mesh[i:j]) for i in range(len(mesh)) for j in range(i + 2, len(mesh) + 1)
+        ]
+        # Placement tuples, the placements of single axes and divisibilities, interned to
+        # small ints so that the per-pair caches hash ints, not DTensor placements.
+        self._ids: dict[Placements, int] = {}
+        self._axis_ids: dict[Placement, int] = {}
+        self._axes: list[tuple[int, ...]] = []  # per placement tuple: its axis ids
+        self._kinds: list[tuple[int, ...]] = []  # per placement tuple: axis_kind of each axis
+        self._reduces: list[bool] = []  # may run a fused reduce-scatter (2+ Partial axes)
+        self._divisible: dict[Divisibility, int] = {}
+        self._term_ids: dict[Term, int] = {}
+        self._terms: list[Term] = []
+        self._pairs: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
+        self._forms: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
+        self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
+        self._times: dict[tuple[int, int], float] = {}
+
+    def matrix(
+        self,
+        rows: Sequence[Placements],
+        cols: Sequence[Placements],
+        shape: tuple[int, ...],
+        dtype_bytes: int,
+    ) -> np.ndarray:
+        """``cost[r, c] = redist.cost_us(rows[r], cols[c], shape, dtype_bytes)``, all at once."""
+        divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
+        div = self._divisible.setdefault(divisible, len(self._divisible))
+        key = (self._intern(rows), self._intern(cols), div)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = self._layout(key[0], key[1], div, shape)
+        numel = math.prod(shape) * dtype_bytes
+        times = np.zeros(len(layout.terms) + 1)  # the last entry is the pad
+        for k, term in enumerate(layout.terms):
+            times[k] = self._time(term, numel)
+        if len(layout.slots):
+            cost = times[layout.slots[0]]
+            for slot in layout.slots[1:]:
+                cost += times[slot]  # step after step, as cost_us sums them
+        else:
+            cost = np.zeros(layout.impossible.shape)
+        cost[layout.impossible] = math.inf
+        return cost
+
+    def _intern(self, placements: Sequence[Placements]) -> tuple[int, ...]:
+        # Hash each placement tuple once per edge; the caches below key on small ints.
+        out = []
+        for p in placements:
+            i = self._ids.get(p)
+            if i is None:
+                i = self._ids[p] = len(self._axes)
+                self._axes.append(
+                    tuple(self._axis_ids.setdefault(x, len(self._axis_ids)) for x in p)
+                )
+                self._kinds.append(tuple(axis_kind(x) for x in p))
+                self._reduces.append(self._kinds[-1].count(P_KIND) >= 2)
+            out.append(i)
+        return tuple(out)
+
+    def _layout(
+        self,
+        rows: tuple[int, ...],
+        cols: tuple[int, ...],
+        div: int,
+        shape: tuple[int, ...],
+    ) -> _Layout:
+        # One dict lookup per pair, the rest per distinct move of the edge: on 3-axis meshes
+        # an edge has 10^4-10^5 pairs and this loop is most of the cost.
+        distinct: dict[tuple[int, ...] | None, int] = {}
+        index, get, unseen = distinct.setdefault, self._pairs.get, _UNSEEN
+        which: list[int] = []
+        for r in rows:
+            # Divisibility only decides whether _fuse merges a run of reduce-scatters, and
+            # a run needs two equal Partial source axes; other moves fit every shape.
+            d = div if self._reduces[r] else -1
+            for c in cols:
+                terms = get((r, c, d), unseen)
+                if terms is unseen:
+                    terms = self._pair(r, c, d, shape)
+                which.append(index(terms, len(distinct)))
+        local: dict[int, int] = {}
+        for terms in distinct:
+            for t in terms or ():
+                local.setdefault(t, len(local))
+        depth = max((len(t) for t in distinct if t is not None), default=0)
+        table = np.full((len(distinct), depth), len(local), dtype=np.intp)
+        for u, terms in enumerate(distinct):
+            for k, t in enumerate(terms or ()):
+                table[u, k] = local[t]
+        moves_of = np.array(which, dtype=np.intp).reshape(len(rows), len(cols))
+        slots = np.ascontiguousarray(np.moveaxis(table[moves_of], -1, 0))
+        impossible = moves_of == distinct.get(None, -1)
+        return _Layout(tuple(local), slots, impossible)
+
+    def _pair(self, src: int, dst: int, div: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Term ids of one move; any shape with the same divisibility ``div`` (-1: any shape)
+        gives the same."""
+        key = (src, dst, div)
+        terms = self._pairs.get(key, _UNSEEN)
+        if terms is not _UNSEEN:
+            return terms
+        # The codes of redistribute.encode, labelled by first appearance so that moves of
+        # one form (S(0)R -> _S(0,2)R and S(0)R -> _S(0,4)R, say) share one walk.
+        labels: dict[int, int] = {}
+        codes = tuple(
+            (k, 0 if k == R_KIND else labels.setdefault(a, len(labels) + 1))
+            for a, k in zip(
+                self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], strict=True
+            )
+        )
+        form = (codes, key[2])
+        terms = self._forms.get(form, _UNSEEN)
+        if terms is _UNSEEN:
+            n = len(self._axes[src])
+            found = moves(codes[:n], codes[n:], shape, self.redist.mesh_shape)
+            terms = None if found is None else tuple(self._term(t) for t in found)
+            self._forms[form] = terms
+        self._pairs[key] = terms
+        return terms
+
+    def _term(self, term: Term) -> int:
+        i = self._term_ids.get(term)
+        if i is None:
+            i = self._term_ids[term] = len(self._terms)
+            self._terms.append(term)
+        return i
+
+    def _time(self, term: int, numel: int) -> float:
+        key = (term, numel)
+        t = self._times.get(key)
+        if t is None:
+            kind, axes, divisor = self._terms[term]
+            p, m = self.redist.span(axes)
+            # The same float expressions as RedistributeModel.steps.
+            t = self._times[key] = self.redist.collectives.time_us(kind, numel / divisor, p, m)
+        return t

@@ -1,0 +1,202 @@
+"""Whole-edge pricing (EdgePricer) equals pair-by-pair pricing, bit for bit.
+
+Two references: ``RedistributeModel.cost_us`` (today's per-pair path, which shares the
+walk on codes), and ``_Oracle``, the per-pair walk on DTensor placement objects as
+autoplan had it before codes and edge matrices (commit c0fe833), kept here frozen so
+that a change to the shared walk cannot hide from these tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import autoplan
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.edge_prices import EdgePricer
+from autoplan.cost.price import price
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.topology import Topology, group_span
+from autoplan.models.llama3 import Transformer, tiny
+from autoplan.placements import fmt, shard_degrees, sharded_dim
+from autoplan.rewrite import rewrite
+from autoplan.strategies.dtensor import Partial, Replicate, Shard, _StridedShard
+from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.trace import trace_joint
+
+
+def _step(src, dst):
+    if src == dst:
+        return ""
+    s_dim, d_dim = sharded_dim(src), sharded_dim(dst)
+    if isinstance(src, Partial):
+        if isinstance(dst, Replicate):
+            return "all_reduce"
+        return "reduce_scatter" if d_dim is not None else None
+    if s_dim is not None:
+        if isinstance(dst, Replicate):
+            return "all_gather"
+        if d_dim is not None:
+            return "all_gather" if s_dim == d_dim else "all_to_all"
+        return None
+    return ""
+
+
+def _transforms(src, dst):
+    current, steps = list(src), []
+    if any(sharded_dim(p) is not None for p in src):
+        for axis in reversed(range(len(src))):
+            target, d = dst[axis], sharded_dim(dst[axis])
+            if d is not None:
+                have = [i for i in range(axis) if sharded_dim(current[i]) == d]
+                want = [i for i in range(axis) if sharded_dim(dst[i]) == d]
+                if have != want:
+                    target = Replicate()
+            if current[axis] != target:
+                steps.append((axis, current[axis], target))
+                current[axis] = target
+    for axis, target in enumerate(dst):
+        if current[axis] != target:
+            steps.append((axis, current[axis], target))
+            current[axis] = target
+    return steps
+
+
+def _fuse(steps, shape, mesh_shape):
+    out, i = [], 0
+    while i < len(steps):
+        _, a, b = steps[i]
+        kind, j = _step(a, b) or "", i + 1
+        if kind in ("all_gather", "all_reduce", "reduce_scatter"):
+            while j < len(steps) and steps[j][1:] == (a, b):
+                j += 1
+        run = steps[i:j]
+        axes = [s[0] for s in run]
+        order = axes if kind == "all_reduce" else sorted(axes, reverse=kind == "all_gather")
+        contiguous = sorted(axes) == list(range(min(axes), max(axes) + 1))
+        even = kind != "reduce_scatter" or (
+            shape[sharded_dim(b)] % math.prod(mesh_shape[x] for x in axes) == 0
+        )
+        if len(run) > 1 and axes == order and contiguous and even:
+            out.append((kind, tuple(sorted(axes)), b))
+        else:
+            out.extend((_step(x, y) or "", (ax,), y) for ax, x, y in run)
+        i = j
+    return out
+
+
+class _Oracle:
+    """The pre-EdgePricer per-pair price: walk and sum on placement objects."""
+
+    def __init__(self, mesh_shape):
+        self.mesh_shape = tuple(mesh_shape)
+        self.collectives = CollectiveModel(Topology())
+
+    def cost_us(self, src, dst, shape, dtype_bytes) -> float:
+        if src == dst:
+            return 0.0
+        if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+            return math.inf
+        current, mesh = list(src), self.mesh_shape
+        numel = math.prod(shape) * dtype_bytes
+        times = []
+        for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh):
+            local = numel / math.prod(shard_degrees(current, mesh, len(shape)))
+            for a in axes:
+                current[a] = target
+            if not kind:
+                continue
+            nbytes = (
+                numel / math.prod(shard_degrees(current, mesh, len(shape)))
+                if kind == "all_gather"
+                else local
+            )
+            p, m = group_span(mesh, axes, self.collectives.topology.gpus_per_node)
+            times.append(self.collectives.time_us(kind, nbytes, p, m))
+        return sum(times)
+
+
+def _check_pairs(fast, rows, cols, shape, dtype_bytes, refs, pairs, what) -> None:
+    for r, c in pairs:
+        for ref in refs:
+            want = ref.cost_us(rows[r], cols[c], shape, dtype_bytes)
+            # Bitwise, inf where inf: the sums run step after step in cost_us's order.
+            assert fast[r, c] == want, f"{what}: {fmt(rows[r])} -> {fmt(cols[c])}"
+
+
+@pytest.mark.parametrize(
+    "mm_mode, mesh_shape",
+    [
+        ("einsum", (2, 2)),
+        ("native", (2, 2)),
+        ("einsum", (2, 2, 2)),
+        pytest.param("native", (2, 2, 2), marks=pytest.mark.slow),
+    ],
+)
+def test_every_edge_of_a_tiny_llama_equals_pair_by_pair_prices(mm_mode, mesh_shape):
+    """price()'s edge matrices on a tiny LLaMA equal cost_us and the frozen oracle, on every
+    edge (a seeded sample of pairs per edge: 2x2x2 edges reach 10^5 pairs)."""
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    traced, _ = rewrite(trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode=mm_mode)
+    mesh = autoplan.fake_mesh(mesh_shape, ("dp", "tp", "cp")[: len(mesh_shape)])
+    table = enumerate_strategies(traced, mesh, mm_mode=mm_mode)
+    costs = price(table, traced, Topology(), reduce_bytes=4)
+    refs = (RedistributeModel(mesh_shape, CollectiveModel(Topology())), _Oracle(mesh_shape))
+    rng = random.Random(0)
+    strided = impossible = 0
+    distinct = {id(e.cost): e for e in costs.edges}  # twin edges share one matrix
+    for e in distinct.values():
+        assert e.tensor is not None
+        rows, cols = e.src_placements, e.dst_placements
+        strided += any(isinstance(p, _StridedShard) for p in itertools.chain(*rows, *cols))
+        impossible += int(np.isinf(e.cost).sum())
+        pairs = list(itertools.product(range(len(rows)), range(len(cols))))
+        sample = pairs if len(pairs) <= 64 else rng.sample(pairs, 64)
+        what = f"{e.src} -> {e.dst} slot {e.slot}"
+        _check_pairs(e.cost, rows, cols, e.tensor.shape, e.tensor.dtype_bytes, refs, sample, what)
+    assert impossible, "some moves (S -> P) should be impossible"
+    assert strided or mm_mode == "einsum", "native mode should offer _StridedShard placements"
+
+
+def test_one_pricer_across_shapes_forms_and_partial_kinds():
+    """One pricer reused across shapes that do and do not divide by the flattened groups
+    (which decides whether PP -> S(0)S(0) is one reduce-scatter), strided shards of two split
+    factors and two Partial kinds equals both references on every pair."""
+    axis = [
+        Replicate(),
+        Partial(),
+        Partial("avg"),
+        Shard(0),
+        Shard(1),
+        _StridedShard(0, split_factor=2),
+        _StridedShard(0, split_factor=4),
+    ]
+    for mesh_shape in [(2, 2), (2, 4), (2, 2, 2)]:
+        pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(Topology())))
+        refs = (RedistributeModel(mesh_shape, CollectiveModel(Topology())), _Oracle(mesh_shape))
+        placements = list(itertools.product(axis, repeat=len(mesh_shape)))
+        rows, cols = placements[::5], placements[1::4]
+        pairs = list(itertools.product(range(len(rows)), range(len(cols))))
+        for shape, dtype_bytes in [((16, 8), 2), ((6, 12), 2), ((8, 6), 4), ((1024, 4096), 2)]:
+            fast = pricer.matrix(rows, cols, shape, dtype_bytes)
+            _check_pairs(fast, rows, cols, shape, dtype_bytes, refs, pairs, f"{mesh_shape} {shape}")
+        assert np.isinf(fast).any() and (fast == 0).any() and (fast > 0).any()
+
+
+def test_unfused_reduce_scatter_when_the_dim_does_not_divide():
+    """PP -> S(0)S(0) on 2x2 is one reduce-scatter when dim 0 divides by 4 and two when it
+    does not, and a pricer asked about both shapes keeps them apart."""
+    redist = RedistributeModel((2, 2), CollectiveModel(Topology()))
+    pricer = EdgePricer(redist)
+    p, s0 = Partial(), Shard(0)
+    for shape, count in [((8, 4), 1), ((6, 4), 2), ((8, 4), 1)]:
+        found = redist.steps((p, p), (s0, s0), shape, 2)
+        assert found is not None and len(found) == count, shape
+        want = _Oracle((2, 2)).cost_us((p, p), (s0, s0), shape, 2)
+        assert pricer.matrix([(p, p)], [(s0, s0)], shape, 2)[0, 0] == want
