@@ -1,0 +1,64 @@
+"""The examples users copy from run as documented and show what the README says they show."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = re.compile(
+    r"^step (\d+)\s+loss (\S+)\s+one device (\S+)\s+diff (\S+)\s+collectives (\{.*\})$", re.M
+)
+
+
+def _env() -> dict[str, str]:
+    # The examples import this checkout's autoplan, whichever one the venv installed.
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+
+
+def test_train_tiny_under_torchrun_matches_one_device_and_the_priced_collectives():
+    """`torchrun --nproc-per-node 4 examples/train_tiny.py`: 5 steps equal one device, collectives as priced."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    done = subprocess.run(
+        [*cmd, str(ROOT / "examples" / "train_tiny.py")],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = STEP.findall(done.stdout)
+    assert [int(s[0]) for s in steps] == [0, 1, 2, 3, 4], done.stdout
+    for _, loss, ref, _, _ in steps:
+        assert abs(float(loss) - float(ref)) <= 1e-5 + 1e-4 * abs(float(ref))
+    priced = re.search(r"^priced by the plan: (\{.*\})$", done.stdout, re.M)
+    assert priced is not None, done.stdout
+    expected = ast.literal_eval(priced.group(1))
+    assert expected, "the budgeted plan must communicate"
+    for step in steps:
+        assert ast.literal_eval(step[4]) == expected
+
+
+def test_plan_llama3_example_prints_and_saves_a_plan(tmp_path):
+    """`python examples/plan_llama3.py` prints an optimal 8B plan and writes its JSON."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "plan_llama3.py")],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "estimated step" in done.stdout
+    saved = json.loads((tmp_path / "llama3_8b_2l.plan.json").read_text())
+    assert saved["status"] == "optimal"
+    assert saved["mesh_shape"] == [8, 8]
+    assert len((ROOT / "examples" / "plan_llama3.py").read_text().splitlines()) <= 30
