@@ -34,6 +34,7 @@ DEFAULT_ROWS = [
     "configs/llama3_8b.yaml:native:cbc:plan.time_limit_s=300",
     "configs/llama3_8b.yaml:einsum:highs",
     "configs/llama3_70b.yaml:einsum:cbc",
+    "configs/llama3_70b.yaml:einsum:highs",
 ]
 PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
 
