@@ -40,6 +40,7 @@ import torch
 from torch import fx, nn
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autoplan.strategies.dtensor import (
     FakeTensor,
@@ -49,6 +50,10 @@ from autoplan.strategies.dtensor import (
 )
 
 LossFn = Callable[[Any], torch.Tensor]
+# Every SDPA backend enabled, as by default. A caller's ``sdpa_kernel(SDPBackend.MATH)``
+# would otherwise make attention trace as its unfused math decomposition (a causal mask
+# from ones/tril, scaled matmuls), so apply's re-trace under it would not match the plan.
+_DEFAULT_SDPA = [b for name, b in SDPBackend.__members__.items() if name != "ERROR"]
 
 
 def mean_loss(output: Any) -> torch.Tensor:
@@ -152,7 +157,7 @@ def trace_joint(
     # ``exec`` takes 0.38 s on 8B 32 layers and was paid twice: make_fx builds the
     # module with ``_lazy_graph_module._make_graph_module`` (which honours this flag),
     # then ``recompile`` after DCE. The flag is restored on exit.
-    with _paused_gc(), use_lazy_graph_module(True):
+    with _paused_gc(), use_lazy_graph_module(True), sdpa_kernel(_DEFAULT_SDPA):
         with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
             gm = make_fx(step)(params, buffers, list(inputs))
         gm.graph.eliminate_dead_code()

@@ -45,6 +45,24 @@ def test_trace_under_comm_debug_mode_is_the_same_graph():
     assert debugged == plain
 
 
+def test_trace_under_a_callers_math_sdpa_backend_is_the_same_graph():
+    """A caller's ``sdpa_kernel(SDPBackend.MATH)`` must not turn attention into its math decomposition."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+
+    def ops(tg) -> list[str]:
+        return [f"{n.name}:{n.target}" for n in tg.gm.graph.nodes]
+
+    plain = ops(trace_joint(model, lambda: torch.randint(0, 128, (2, 16))))
+    with sdpa_kernel(SDPBackend.MATH):
+        math_only = ops(trace_joint(model, lambda: torch.randint(0, 128, (2, 16))))
+        assert not torch.backends.cuda.flash_sdp_enabled()  # the caller's choice is restored
+    assert math_only == plain
+    assert any("_scaled_dot_product_flash_attention_for_cpu.default" in op for op in math_only)
+
+
 def test_trace_every_node_carries_tensor_metadata():
     """Shape, dtype and stride are on every tensor node (the later stages read them)."""
     with torch.device("meta"):
