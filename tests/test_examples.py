@@ -16,24 +16,19 @@ STEP = re.compile(
 )
 
 
-def _env() -> dict[str, str]:
-    # The examples import this checkout's autoplan, whichever one the venv installed.
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run an example as a user would; it imports this checkout's autoplan."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def test_train_tiny_under_torchrun_matches_one_device_and_the_priced_collectives():
     """`torchrun --nproc-per-node 4 examples/train_tiny.py`: 5 steps equal one device, collectives as priced."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
-    done = subprocess.run(
-        [*cmd, str(ROOT / "examples" / "train_tiny.py")],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run([*cmd, str(ROOT / "examples" / "train_tiny.py")], ROOT)
     steps = STEP.findall(done.stdout)
     assert [int(s[0]) for s in steps] == [0, 1, 2, 3, 4], done.stdout
     for _, loss, ref, _, _ in steps:
@@ -48,15 +43,7 @@ def test_train_tiny_under_torchrun_matches_one_device_and_the_priced_collectives
 
 def test_plan_llama3_example_prints_and_saves_a_plan(tmp_path):
     """`python examples/plan_llama3.py` prints an optimal 8B plan and writes its JSON."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "plan_llama3.py")],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run([sys.executable, str(ROOT / "examples" / "plan_llama3.py")], tmp_path)
     assert "estimated step" in done.stdout
     saved = json.loads((tmp_path / "llama3_8b_2l.plan.json").read_text())
     assert saved["status"] == "optimal"
