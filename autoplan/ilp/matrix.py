@@ -38,8 +38,8 @@ class Matrix:
 
     ``A`` is compressed by column: column j's entries are
     ``index[start[j]:start[j+1]]`` (rows) and ``value[...]``. ``integer[j]``
-    marks binary columns. ``upper`` is a copy the solve stage may lower to
-    fix columns to 0.
+    marks binary columns; ``columns`` keeps a subset (the solve stage leaves out
+    the columns reduced-cost fixing sets to 0).
     """
 
     cost: np.ndarray

@@ -83,23 +83,24 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
 
 def _prefix(
     model: IlpModel, solver: str, time_limit_s: float | None
-) -> tuple[float, dict[str, float], dict[str, int] | None, np.ndarray | None]:
-    """LP bound, stats, the incumbent plan per class and the columns the MIP keeps (None: all)."""
+) -> tuple[float, dict[str, float], dict[str, int] | None, np.ndarray | None, np.ndarray | None]:
+    """LP bound, stats, the incumbent plan per class, its column values (the warm start)
+    and the columns the MIP keeps (None: all)."""
     m = model.emitted.matrix
     lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
     if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return math.nan, {}, None, None
+        return math.nan, {}, None, None, None
     bound = float(m.cost @ lp.x) + m.offset
     found = from_lp(model.reduced, _class_values(model, lp.x))
     if found is None:
-        return bound, {"lp_bound_us": bound}, None, None
+        return bound, {"lp_bound_us": bound}, None, None, None
     choice, upper = found
     start = _start_vector(model, choice)
     # margin for the LP's tolerances, far below any price difference that matters
     gap = upper - bound + 1e-6 * max(1.0, abs(upper))
     dead = (lp.x <= 1e-9) & (lp.dj > gap) & (start == 0.0)  # never the incumbent's own
     stats = {"lp_bound_us": bound, "incumbent_us": upper, "fixed": float(dead.sum())}
-    return bound, stats, choice, ~dead
+    return bound, stats, choice, start, ~dead
 
 
 def _read_choice(model: IlpModel, x: np.ndarray) -> dict[str, int]:
@@ -144,13 +145,12 @@ def solve(
     status = "optimal"
     choice = {r: em.fixed.get(r, 0) for r in p.linear}
     if m.num_cols:
-        keep = None
+        keep = start = None
         if fixing:
-            bound, stats, incumbent, keep = _prefix(model, solver, time_limit_s)
+            bound, stats, incumbent, start, keep = _prefix(model, solver, time_limit_s)
         left = time_limit_s
         if time_limit_s is not None:
             left = max(1.0, time_limit_s - (time.perf_counter() - start_time))
-        start = _start_vector(model, incumbent) if incumbent is not None else None
         # Fixed columns are left out of the MIP altogether: a smaller model to write and presolve.
         sub = m.columns(keep) if keep is not None else m
         if keep is not None and start is not None:
