@@ -40,6 +40,13 @@ from autoplan.plan import Plan
 from autoplan.strategies.dtensor import flatten_axes, redistribute
 from autoplan.trace import TracedGraph
 
+# Ops run on local shards even though DTensor has a rule for them. DTensor runs
+# ``einsum`` by decomposing it into views and a bmm, and its view rule cannot carry a
+# dim sharded on two axes through the merge of batch dims (it makes a _StridedShard it
+# then refuses to unflatten), while the einsum strategy itself is checked by running it
+# on local shards (tests/test_strategy_execution.py): so it runs the same way here.
+LOCAL_OPS = frozenset({torch.ops.aten.einsum.default})
+
 __all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups"]
 
 _KINDS = {
@@ -193,6 +200,8 @@ class PlannedGraph:
             for a, want in zip(tensor_args(node), step.ins, strict=True)
         }
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
+        if node.target in LOCAL_OPS:
+            return self._call_local(step, args, kwargs)
         try:
             out = node.target(*args, **kwargs)
         except NotImplementedError as err:
