@@ -211,7 +211,7 @@ class PlannedGraph:
         return self._check_outputs(step, out)
 
     def _call_local(self, step: _Step, args: Any, kwargs: dict[str, Any]) -> Any:
-        """Run an op DTensor has no rule for on local shards; wrap outputs as planned."""
+        """Run an op on local shards (no DTensor rule, or in ``LOCAL_OPS``); wrap outputs as planned."""
         local_args, local_kwargs = _map_tensors(
             (args, kwargs), lambda x: x.to_local() if isinstance(x, DTensor) else x
         )

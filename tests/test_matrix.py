@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from autoplan.ilp.backends import run, write_mps
+from autoplan.ilp.backends import RunResult, run, write_mps
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, memory_of
 from autoplan.ilp.matrix import emit
@@ -149,7 +149,7 @@ def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypa
         lp = real_run(m, solver, mip=False, time_limit_s=None, mip_gap=0.0)
         if not mip:
             return lp
-        return solve_module.RunResult("feasible", np.full(m.num_cols, 0.5))  # not a plan
+        return RunResult("feasible", np.full(m.num_cols, 0.5))  # not a plan
 
     monkeypatch.setattr(solve_module, "run", stopped)
     sol = solve(model, solver="highs")

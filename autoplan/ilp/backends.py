@@ -109,14 +109,11 @@ def _run_highs(
     status = h.getModelStatus()
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if status == highspy.HighsModelStatus.kOptimal:
-        name = "optimal"
-    elif status == highspy.HighsModelStatus.kInfeasible:
-        name = "infeasible"
-    else:
-        name = "feasible" if has_solution else "stopped"
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return RunResult("infeasible", None)
     if not has_solution:
-        return RunResult(name if name != "optimal" else "stopped", None)
+        return RunResult("stopped", None)
+    name = "optimal" if status == highspy.HighsModelStatus.kOptimal else "feasible"
     sol = h.getSolution()
     x = np.asarray(sol.col_value, dtype=np.float64)
     dj = None if mip else np.asarray(sol.col_dual, dtype=np.float64)

@@ -76,10 +76,6 @@ class IlpModel:
     def infeasible(self) -> str:
         return self.emitted.infeasible
 
-    @property
-    def fixed_cost(self) -> float:
-        return self.emitted.matrix.offset
-
 
 def build_ilp(
     costs: CostTable,

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.backends import SOLVERS, RunResult, check_solver, run
+from autoplan.ilp.backends import SOLVERS, check_solver, run
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, from_lp, memory_of
 
-__all__ = ["SOLVERS", "RunResult", "Solution", "solve"]
+__all__ = ["SOLVERS", "Solution", "solve"]
 
 
 @dataclass(frozen=True)
@@ -158,21 +158,25 @@ def solve(
         result = run(sub, solver, mip=True, time_limit_s=left, mip_gap=mip_gap, start=start)
         if math.isfinite(result.bound):
             bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
-        found = None
+        # The cheaper valid plan of the solver's answer and the incumbent it started from;
+        # each is priced once, exactly (the incumbent's price is the prefix's).
+        found, cost = None, math.inf
         if result.x is not None:
             x = np.zeros(m.num_cols)
             x[keep if keep is not None else slice(None)] = result.x
             found = _read_choice(model, x)
+            cost = _valid_cost(model, found)
             status = "optimal" if result.status == "optimal" else "time_limit"
-        if found is None or not math.isfinite(_valid_cost(model, found)):
-            if result.status == "infeasible" or incumbent is None:
-                seconds = time.perf_counter() - start_time
-                return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
-            found, status = incumbent, "time_limit"
-        elif incumbent is not None and _valid_cost(model, incumbent) < _valid_cost(model, found):
-            found = incumbent  # a solver stopped early (or at mip_gap) above its warm start
+        if incumbent is not None and stats["incumbent_us"] < cost:
+            if not math.isfinite(cost):  # the solver gave no valid plan
+                status = "time_limit"
+            found, cost = incumbent, stats["incumbent_us"]
+        if not math.isfinite(cost):
+            seconds = time.perf_counter() - start_time
+            return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
         choice = found
-    objective = _valid_cost(model, choice)
+    else:
+        cost = _valid_cost(model, choice)
     nodes = {v: choice[r] for v, r in p.rep.items()}
     seconds = time.perf_counter() - start_time
-    return Solution(status, objective, nodes, seconds, solver, bound, stats)
+    return Solution(status, cost, nodes, seconds, solver, bound, stats)
