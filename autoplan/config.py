@@ -54,6 +54,10 @@ class PlanConfig:
     prune_dominated: bool = True
     """Drop strategies another strategy of the same node beats in compute, memory and
     every incident move before solving (see :mod:`autoplan.ilp.prune`); exact."""
+    routes: bool = True
+    """Price each move by its cheapest chain of DTensor redistributions through other
+    placements, and run that chain when applying (see :mod:`autoplan.cost.routes`);
+    false prices and runs DTensor's one-step redistribution only."""
     reduced_cost_fixing: bool = True
     """Solve the LP relaxation first, round it to a plan, and give the MIP that plan as
     a warm start with every variable the LP bound rules out fixed to 0 (see
@@ -96,6 +100,7 @@ class PlanConfig:
             "cluster_layers",
             "prune_dominated",
             "reduced_cost_fixing",
+            "routes",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be true or false.")

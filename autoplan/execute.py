@@ -8,7 +8,8 @@ way the plan's ``node_placements`` say.
 Why: DTensor's own dispatch, given DTensor parameters, picks the placement of every
 activation by itself, so the collectives it runs need not be the ones the plan priced.
 Here, before each op, every tensor input is redistributed to the placement the chosen
-strategy requires (the priced redistribution), then the op runs through DTensor's
+strategy requires (the priced redistribution, through the placements of its planned
+route when the plan lists one), then the op runs through DTensor's
 dispatch, which with inputs already placed needs no further communication. An op
 DTensor has no rule for (the fused CPU attention kernels) runs on the local shards and
 its outputs are wrapped with the planned placements: autoplan's rule for it is checked
@@ -93,6 +94,8 @@ class _Step:
     node: fx.Node
     ins: tuple[Placements | str, ...]
     outs: tuple[Placements | str | None, ...]
+    # per tensor input, the placements its move passes on the way (plan.routes)
+    via: tuple[tuple[Placements, ...], ...]
 
 
 def _parse_entry(text: str | None, num_axes: int) -> Placements | str | None:
@@ -140,9 +143,12 @@ class PlannedGraph:
                 continue
             outs = tuple(_parse_entry(p, num_axes) for p in entry["out"])
             self._outs[node.name] = outs
-            self._steps.append(
-                _Step(node, tuple(_parse_entry(p, num_axes) for p in entry["in"]), outs)
+            ins = tuple(_parse_entry(p, num_axes) for p in entry["in"])
+            via = tuple(
+                tuple(parse(p, num_axes) for p in plan.routes.get(f"{node.name}:{k}", ()))
+                for k in range(len(ins))
             )
+            self._steps.append(_Step(node, ins, outs, via))
         if missing or wrong_op:
             raise ValueError(
                 f"the plan does not fit this model's graph: {len(missing)} nodes have no planned "
@@ -196,8 +202,8 @@ class PlannedGraph:
             src, index = node.args
             return env[src.name][index]
         placed = {
-            a.name: self._place(env[a.name], want, f"{node.name} input {a.name}")
-            for a, want in zip(tensor_args(node), step.ins, strict=True)
+            a.name: self._place(env[a.name], want, f"{node.name} input {a.name}", via)
+            for a, want, via in zip(tensor_args(node), step.ins, step.via, strict=True)
         }
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
         if node.target in LOCAL_OPS:
@@ -250,8 +256,15 @@ class PlannedGraph:
         self.deviations.append(f"{where}: DTensor made {fmt(value.placements)}, plan {_txt(want)}")
         return self._place(value, want, where)
 
-    def _place(self, value: Any, want: Placements | str | None, where: str) -> Any:
-        """``value`` redistributed to ``want`` (a plain tensor counts as replicated)."""
+    def _place(
+        self,
+        value: Any,
+        want: Placements | str | None,
+        where: str,
+        via: Sequence[Placements] = (),
+    ) -> Any:
+        """``value`` redistributed to ``want`` through the placements ``via`` (the planned
+        route), one redistribution per hop; a plain tensor counts as replicated."""
         if want is None or not isinstance(value, torch.Tensor):
             return value
         if not isinstance(value, DTensor):
@@ -263,6 +276,8 @@ class PlannedGraph:
                 f"{where}: the plan wants {want}, which only the producing op can make, but the "
                 f"value is {fmt(value.placements)}."
             )
+        for hop in via:
+            value = redistribute(value, self.mesh, hop)
         return redistribute(value, self.mesh, want)
 
 

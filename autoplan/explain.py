@@ -22,6 +22,8 @@ memory budget (the alternative is marked over budget).
 from __future__ import annotations
 
 import difflib
+import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -66,19 +68,22 @@ def _text(ns: NodeStrategies, s: Strategy) -> str:
 def _moves(rb: Rebuilt, e: EdgeCost, assign: dict[str, int]) -> str:
     s = assign.get(e.src, rb.choice[e.src])
     d = assign.get(e.dst, rb.choice[e.dst])
-    src, dst = e.src_placements[e.src_group[s]], e.dst_placements[e.dst_group[d]]
+    row, col = e.src_group[s], e.dst_group[d]
+    src, dst = e.src_placements[row], e.dst_placements[col]
     if src == dst:
         return f"{fmt(src)}, no move"
-    head = f"{fmt(src)} -> {fmt(dst)}"
+    if not math.isfinite(e.cost[row, col]):
+        return f"{fmt(src)} -> {fmt(dst)}: impossible"
+    path = e.route(row, col)
+    head = " -> ".join(fmt(p) for p in path)
     if e.tensor is None:
         return head
-    steps = rb.redist.steps(src, dst, e.tensor.shape, e.tensor.dtype_bytes)
-    if steps is None:
-        return head + ": impossible"
     names = rb.table.axis_names
     parts = [
         f"{kind} over {'x'.join(names[a] for a in axes)} {human_bytes(nbytes)}"
-        for kind, axes, nbytes, _us in steps
+        for a, b in itertools.pairwise(path)
+        for kind, axes, nbytes, _us in rb.redist.steps(a, b, e.tensor.shape, e.tensor.dtype_bytes)
+        or ()
     ]
     return head + ": " + (", ".join(parts) if parts else "local slice, no comm")
 

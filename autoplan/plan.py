@@ -30,7 +30,10 @@ class Plan:
     ``ilp_size`` the solver's
     variables and constraints; ``comm`` the priced collectives by kind
     (count, bytes, microseconds); ``memory_bytes`` the per-device bytes of
-    parameters, gradients and optimizer state.
+    parameters, gradients and optimizer state; ``routes`` the input moves that
+    run as a chain of redistributions (:mod:`autoplan.cost.routes`), keyed
+    ``"node:slot"`` (slot: the node's tensor input), each with the placements the
+    tensor passes between its producer's and the node's.
     """
 
     status: str
@@ -53,6 +56,7 @@ class Plan:
     input_shapes: tuple[tuple[int, ...], ...] = ()
     fallback_ops: tuple[str, ...] = ()
     stats: dict[str, float] = field(default_factory=dict)
+    routes: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

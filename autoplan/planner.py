@@ -8,6 +8,7 @@ Each stage is timed; a progress callback hears the start of each phase.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -148,6 +149,7 @@ def plan(
         optimizer_states=config.optimizer_states,
         master_bytes=4 if config.param_dtype is not None else None,
         reduce_bytes=config.reduce_dtype_bytes,
+        routes=config.routes,
     )
     done()
     base = _plan_fields(traced, table, config, timings)
@@ -292,6 +294,7 @@ def _read_solution(
     redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
     comm_us = 0.0
     comm: dict[str, dict[str, float]] = {}
+    routes: dict[str, list[str]] = {}
     for e in costs.edges:
         r = e.src_group[choice[e.src]]
         c = e.dst_group[choice[e.dst]]
@@ -299,16 +302,17 @@ def _read_solution(
         comm_us += us
         if us == 0.0 or e.tensor is None:
             continue
-        for kind, _axes, nbytes, t in (
-            redist.steps(
-                e.src_placements[r], e.dst_placements[c], e.tensor.shape, e.tensor.dtype_bytes
-            )
-            or []
-        ):
-            entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
-            entry["count"] += 1
-            entry["bytes"] += nbytes
-            entry["us"] += t
+        path = e.route(r, c)
+        if len(path) > 2:
+            routes[f"{e.dst}:{e.slot}"] = [fmt(p) for p in path[1:-1]]
+        for a, b in itertools.pairwise(path):
+            for kind, _axes, nbytes, t in (
+                redist.steps(a, b, e.tensor.shape, e.tensor.dtype_bytes) or []
+            ):
+                entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
+                entry["count"] += 1
+                entry["bytes"] += nbytes
+                entry["us"] += t
     node_placements: dict[str, dict[str, Any]] = {}
     for v, i in choice.items():
         ns = table.nodes[v]
@@ -327,6 +331,7 @@ def _read_solution(
         "param_placements": params,
         "node_placements": node_placements,
         "stats": _stats(table, choice),
+        "routes": routes,
     }
     return Plan(
         status=status,

@@ -171,6 +171,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
         optimizer_states=config.optimizer_states,
         master_bytes=4 if config.param_dtype is not None else None,
         reduce_bytes=config.reduce_dtype_bytes,
+        routes=config.routes,
     )
     choice = _read_choice(table, plan, plan_source, run)
     in_edges: dict[str, list[EdgeCost]] = {}

@@ -90,7 +90,7 @@ class EdgePricer:
         """``cost[r, c] = redist.cost_us(rows[r], cols[c], shape, dtype_bytes)``, all at once."""
         divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
         div = self._divisible.setdefault(divisible, len(self._divisible))
-        key = (self._intern(rows), self._intern(cols), div)
+        key = (self.ids(rows), self.ids(cols), div)
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = self._layout(key[0], key[1], div, shape)
@@ -107,7 +107,8 @@ class EdgePricer:
         cost[layout.impossible] = math.inf
         return cost
 
-    def _intern(self, placements: Sequence[Placements]) -> tuple[int, ...]:
+    def ids(self, placements: Sequence[Placements]) -> tuple[int, ...]:
+        """Small ints standing for placement tuples, the same int for equal tuples."""
         # Hash each placement tuple once per edge; the caches below key on small ints.
         out = []
         for p in placements:

@@ -28,6 +28,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.routes import Network, Router
 from autoplan.cost.topology import Topology
 from autoplan.placements import Placements
 from autoplan.strategies.table import StrategyTable, TensorInfo
@@ -50,6 +51,21 @@ class EdgeCost:
     src_placements: tuple[Placements, ...] = field(default=())
     dst_placements: tuple[Placements, ...] = field(default=())
     tensor: TensorInfo | None = None
+    # Route-priced edges (cost.routes): cost[r, c] = net.dist[row_state[r], col_state[c]].
+    net: Network | None = None
+    row_state: np.ndarray | None = None
+    col_state: np.ndarray | None = None
+
+    def route(self, row: int, col: int) -> list[Placements]:
+        """The placements the move from ``row`` to ``col`` passes, both ends included."""
+        if self.net is None or self.row_state is None or self.col_state is None:
+            return [self.src_placements[row], self.dst_placements[col]]
+        states = self.net.route(int(self.row_state[row]), int(self.col_state[col]))
+        return (
+            [self.src_placements[row]]
+            + [self.net.states[k] for k in states[1:-1]]
+            + [self.dst_placements[col]]
+        )
 
 
 @dataclass(frozen=True)
@@ -78,12 +94,19 @@ def edge_cost(
     src_placements: list[Placements | None],
     dst_placements: list[Placements | None],
     tensor: TensorInfo,
+    router: Router | None = None,
 ) -> EdgeCost:
-    """Group both sides by placement and price the (row, column) matrix."""
+    """Group both sides by placement and price the (row, column) matrix: by the cheapest
+    route when a ``router`` is given, by DTensor's one-step move otherwise."""
     sg, rows = _groups(src_placements)
     dg, cols = _groups(dst_placements)
-    cost = pricer.matrix(rows, cols, tensor.shape, tensor.dtype_bytes)
-    return EdgeCost(src, src_out, dst, slot, sg, dg, cost, rows, cols, tensor)
+    if router is None:
+        cost = pricer.matrix(rows, cols, tensor.shape, tensor.dtype_bytes)
+        return EdgeCost(src, src_out, dst, slot, sg, dg, cost, rows, cols, tensor)
+    r = router.edge(rows, cols, tensor.shape, tensor.dtype_bytes)
+    return EdgeCost(
+        src, src_out, dst, slot, sg, dg, r.cost, rows, cols, tensor, r.net, r.row_state, r.col_state
+    )
 
 
 def price(
@@ -95,6 +118,7 @@ def price(
     cache: bool = True,
     master_bytes: int | None = None,
     reduce_bytes: int | None = None,
+    routes: bool = False,
 ) -> CostTable:
     """Price compute, redistribution and memory for every candidate in ``table``.
 
@@ -102,11 +126,14 @@ def price(
     Mixed precision: ``master_bytes`` is the element size of the master weight,
     gradient and optimizer state (4 for float32 masters; default: the traced
     parameter's), ``reduce_bytes`` the element size gradients are reduced in
-    (default: the gradient's).
+    (default: the gradient's). ``routes`` prices activation edges by their cheapest
+    route (:mod:`autoplan.cost.routes`); gradient edges keep DTensor's one-step
+    move, the reduction the optimizer step runs.
     """
     mesh_shape = table.mesh_shape
     compute_model = ComputeModel(topology.device, mesh_shape)
     pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topology)))
+    router = Router(pricer) if routes else None
     fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}
     compute: dict[str, np.ndarray] = {}
     edges: list[EdgeCost] = []
@@ -143,6 +170,7 @@ def price(
                     [s.outs[ref.index] for s in producer.strategies],
                     [s.ins[slot] for s in ns.strategies],
                     ns.in_tensors[slot],
+                    router,
                 )
             edges.append(replace(cached, src=ref.node, dst=name))
     memory: dict[str, np.ndarray] = {}

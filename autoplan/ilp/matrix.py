@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplan.ilp.problem import Problem
+from autoplan.cost.routes import Network
+from autoplan.ilp.problem import Edge, Problem
 
 # The memory row is written in MiB: byte-sized coefficients (1e9) sit badly
 # with the simplex's absolute tolerances.
@@ -90,9 +91,39 @@ class Emitted:
 
     matrix: Matrix
     class_cols: dict[str, np.ndarray]
-    edge_cols: list[np.ndarray]
+    edge_cols: list[np.ndarray | _Flow]
     infeasible: str = ""
     fixed: dict[str, int] = field(default_factory=dict)
+
+    def move_columns(self, k: int, g: int, h: int) -> np.ndarray:
+        """The columns that carry edge k's move g -> h (one pair column, or a route's arcs)."""
+        cols = self.edge_cols[k]
+        if isinstance(cols, _Flow):
+            return cols.route_columns(g, h)
+        return np.array([cols[g, h]])
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """Where a flow edge lives: its arcs' columns, and how to route one move over them."""
+
+    first_col: int
+    net: Network
+    row_state: np.ndarray
+    col_state: np.ndarray
+
+    def route_columns(self, g: int, h: int) -> np.ndarray:
+        """The arcs of a cheapest route from row g's state to column h's (greedy on dist)."""
+        net, b = self.net, int(self.col_state[h])
+        x, out = int(self.row_state[g]), []
+        while x != b:
+            if len(out) >= net.size:
+                raise RuntimeError(f"no route from state {self.row_state[g]} to {b} over the arcs")
+            arcs = np.flatnonzero(net.arc_src == x)
+            k = arcs[np.argmin(net.arc_cost[arcs] + net.dist[net.arc_dst[arcs], b])]
+            out.append(self.first_col + int(k))
+            x = int(net.arc_dst[k])
+        return np.array(out, dtype=np.int64)
 
 
 class _Rows:
@@ -153,9 +184,16 @@ def emit(p: Problem) -> Emitted:
             rows.add(np.full(len(idx), row), cols[idx], 1.0)
         class_cols[r] = cols
     num_int = num_cols
-    edge_cols: list[np.ndarray] = []
+    edge_cols: list[np.ndarray | _Flow] = []
     for e in p.edges:
         finite = np.isfinite(e.cost)
+        if e.net is not None and len(e.net.arc_src) < finite.sum():
+            flow = _Flow(num_cols, e.net, e.row_state, e.col_state)
+            costs.append(e.net.arc_cost)
+            num_cols += len(e.net.arc_cost)
+            _flow_rows(e, flow, class_cols, fixed, rows)
+            edge_cols.append(flow)
+            continue
         g, h = np.nonzero(finite)
         ecols = np.full(e.cost.shape, -1, dtype=np.int64)
         ecols[g, h] = num_cols + np.arange(len(g))
@@ -196,6 +234,38 @@ def emit(p: Problem) -> Emitted:
         offset=offset,
     )
     return Emitted(matrix, class_cols, edge_cols, infeasible, fixed)
+
+
+def _flow_rows(
+    e: Edge, flow: _Flow, class_cols: dict[str, np.ndarray], fixed: dict[str, int], rows: _Rows
+) -> None:
+    """One unit of flow from the producer's state to the consumer's, over the arcs.
+
+    Per state q but the last (implied): Σ_out f - Σ_in f - Σ_{i at q} s[u,i] + Σ_{j at q}
+    s[v,j] = 0, a fixed class's indicator moving to the right-hand side.
+    """
+    net = flow.net
+    last = net.size - 1
+    rhs = np.zeros(last)
+    ends = ((e.src, e.src_group, flow.row_state, -1.0), (e.dst, e.dst_group, flow.col_state, 1.0))
+    for cls, group, state, sign in ends:
+        if cls in fixed:
+            q = state[group[fixed[cls]]]
+            if q < last:
+                rhs[q] -= sign
+    first = rows.new(rhs, rhs)
+    cols = flow.first_col + np.arange(len(net.arc_src))
+    for ends_at, sign in ((net.arc_src, 1.0), (net.arc_dst, -1.0)):
+        sel = ends_at < last
+        rows.add(first + ends_at[sel], cols[sel], sign)
+    for cls, group, state, sign in ends:
+        if cls in fixed:
+            continue
+        ccols = class_cols[cls]
+        ok = (ccols >= 0) & (group >= 0)
+        q = state[np.maximum(group, 0)]
+        sel = ok & (q < last)
+        rows.add(first + q[sel], ccols[sel], sign)
 
 
 def _memory_row(

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.cost.routes import Network
 from autoplan.ilp.cluster import edge_key
 
 # Relative tolerance for recognising a[r] + b[c] prices; far below any price difference that matters.
@@ -63,6 +64,11 @@ class Edge:
     cost: np.ndarray
     name: str
     compact: bool = False
+    # A route-priced edge (cost.routes): cost[g, h] = net.dist[row_state[g], col_state[h]],
+    # so the matrix can lay it out as a flow over the network's moves.
+    net: Network | None = None
+    row_state: np.ndarray | None = None
+    col_state: np.ndarray | None = None
 
 
 @dataclass
@@ -121,7 +127,20 @@ def lower(
         if src == dst:  # both ends take the same strategy: a linear cost
             linear[src] = linear[src] + cost[e.src_group, e.dst_group]
             continue
-        edges.append(Edge(src, dst, e.src_group, e.dst_group, cost, f"{e.src} -> {e.dst}"))
+        net = e.net.scaled(len(es)) if e.net is not None else None
+        edges.append(
+            Edge(
+                src,
+                dst,
+                e.src_group,
+                e.dst_group,
+                cost,
+                f"{e.src} -> {e.dst}",
+                net=net,
+                row_state=e.row_state,
+                col_state=e.col_state,
+            )  # fmt: skip
+        )
     return Problem(linear, memory, edges, rep, memory_budget_bytes)
 
 
@@ -142,8 +161,9 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
     return True
 
 
-def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of ``a`` in first-seen order, and each row's index among them."""
+def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct rows of ``a`` in first-seen order, each row's index among them, and
+    where each distinct row is first seen."""
     seen: dict[bytes, int] = {}
     firsts: list[int] = []
     of = np.empty(len(a), dtype=np.int64)
@@ -153,7 +173,7 @@ def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             seen[key] = len(firsts)
             firsts.append(k)
         of[k] = seen[key]
-    return a[firsts], of
+    return a[firsts], of, np.array(firsts, dtype=np.int64)
 
 
 def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
@@ -163,8 +183,12 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
     if e.compact and rows.all() and cols.all():
         return  # nothing dropped since the last compaction
     sub = e.cost[np.ix_(rows, cols)]
-    uniq_rows, row_of = _dedupe(sub)
-    uniq_t, col_of = _dedupe(np.ascontiguousarray(uniq_rows.T))
+    uniq_rows, row_of, row_first = _dedupe(sub)
+    uniq_t, col_of, col_first = _dedupe(np.ascontiguousarray(uniq_rows.T))
+    if e.row_state is not None and e.col_state is not None:
+        # a merged row keeps its first member's state: equal rows are equal distances
+        e.row_state = e.row_state[np.flatnonzero(rows)[row_first]]
+        e.col_state = e.col_state[np.flatnonzero(cols)[col_first]]
     row_map = np.full(e.cost.shape[0], -1)
     row_map[rows] = row_of
     col_map = np.full(e.cost.shape[1], -1)

@@ -76,8 +76,8 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
     for r, cols in em.class_cols.items():
         if cols[choice[r]] >= 0:
             x[cols[choice[r]]] = 1.0
-    for e, ecols in zip(p.edges, em.edge_cols, strict=True):
-        x[ecols[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]]] = 1.0
+    for k, e in enumerate(p.edges):
+        x[em.move_columns(k, e.src_group[choice[e.src]], e.dst_group[choice[e.dst]])] = 1.0
     return x
 
 

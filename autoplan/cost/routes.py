@@ -1,0 +1,205 @@
+"""Redistribution routes: the cheapest chain of DTensor moves between two placements.
+
+Stage 4, cost (called by :mod:`autoplan.cost.price`). Input: an edge's distinct
+source placements (rows), target placements (columns), the tensor's shape and
+element size. Output: the rows x columns matrix of *route* prices, and the
+:class:`Network` the routes run through: every placement of the tensor the
+route may pass (one of R, P or S(d) on each axis, plus the edge's own), the
+cheapest price and first hop between any two, and the direct moves routes are
+made of.
+
+Why routes: DTensor moves a tensor by one fixed per-axis walk, and a detour
+can be far cheaper. On LLaMA3-70B's 8x8x8 H100 mesh (tp across nodes, cp
+inside one), ``S(0)S(2)R -> S(0)RR`` of a 64x8192x8192 fp32 activation is a tp
+all-gather in which every GPU of a node pulls the same 1.8 GB through its own
+NIC: 43.9 ms. Chunking locally to ``S(0)S(2)S(2)`` first (free) and gathering
+over the fused (tp, cp) group sends each byte across nodes once: 6.5 ms. The
+planner prices every edge by its cheapest route, and :mod:`autoplan.execute`
+runs the route hop by hop (the plan lists the routes that are not one move).
+
+Why the network: a route price is a shortest-path distance, so the ILP can
+carry an edge as a flow from the producer's placement to the consumer's
+over the network's direct moves (:mod:`autoplan.ilp.matrix`) instead of one
+variable per placement pair. The flow's LP relaxation equals the pairwise one
+(both are transport problems with the same distances), and the moves that no
+cheapest route needs are left out: on the 70B mesh's largest edge, 1 721 moves
+stand for 45 369 pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.cost.edge_prices import EdgePricer
+from autoplan.placements import Placements
+from autoplan.strategies.dtensor import Partial, Placement, Replicate, Shard
+
+
+@dataclass(frozen=True, eq=False)
+class Network:
+    """The placements a route may pass and the moves between them.
+
+    ``dist[a, b]``: cheapest route price from state a to state b (``inf``: none);
+    ``hop[a, b]``: the state after a on that route (b when one move is cheapest);
+    ``arc_src/arc_dst/arc_cost``: the direct moves cheapest routes are made of,
+    enough to reproduce ``dist`` (each is itself a cheapest route).
+    """
+
+    states: tuple[Placements, ...]
+    dist: np.ndarray
+    hop: np.ndarray
+    arc_src: np.ndarray
+    arc_dst: np.ndarray
+    arc_cost: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.states)
+
+    def route(self, a: int, b: int) -> list[int]:
+        """The states of the cheapest route from a to b, both ends included."""
+        if not np.isfinite(self.dist[a, b]):
+            raise ValueError(f"no route from state {a} to state {b}")
+        path = [a]
+        while path[-1] != b:
+            path.append(int(self.hop[path[-1], b]))
+        return path
+
+    def scaled(self, factor: float) -> Network:
+        """The same network with every price multiplied (an edge standing for several)."""
+        if factor == 1:
+            return self
+        return Network(
+            self.states, self.dist * factor, self.hop, self.arc_src, self.arc_dst,
+            self.arc_cost * factor,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class RoutedEdge:
+    """One edge priced by routes: ``cost[r, c] = net.dist[row_state[r], col_state[c]]``."""
+
+    cost: np.ndarray
+    net: Network
+    row_state: np.ndarray
+    col_state: np.ndarray
+
+
+def canonical(ndim: int, num_axes: int) -> list[Placements]:
+    """Every placement tuple of a rank-``ndim`` tensor built from R, P and S(d)."""
+    per_axis: list[Placement] = [Replicate(), Partial(), *(Shard(d) for d in range(ndim))]
+    return [tuple(p) for p in itertools.product(per_axis, repeat=num_axes)]
+
+
+def closure(direct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest route prices and first hops over the moves ``direct`` (Floyd-Warshall).
+
+    A detour replaces a move only when it is strictly cheaper, so equal prices
+    keep the route with fewer moves.
+    """
+    n = len(direct)
+    dist = direct.astype(np.float64, copy=True)
+    np.fill_diagonal(dist, 0.0)
+    hop = np.where(np.isfinite(dist), np.arange(n)[None, :], -1)
+    for k in range(n):
+        via = dist[:, k : k + 1] + dist[k : k + 1, :]
+        better = via < dist
+        if better.any():
+            np.copyto(dist, via, where=better)
+            np.copyto(hop, np.broadcast_to(hop[:, k : k + 1], hop.shape), where=better)
+    return dist, hop
+
+
+def route_arcs(direct: np.ndarray, dist: np.ndarray) -> np.ndarray:
+    """Which direct moves the cheapest routes need (a boolean matrix).
+
+    A move a->b is left out when some other state k has
+    ``dist[a,k] + dist[k,b] <= direct[a,b]``: a route through k is no dearer.
+    With no cycle of free moves, every cheapest route then survives (take one
+    with the most moves: each of its moves is needed, or a detour would give
+    one with more). A network with a free cycle keeps every move that is
+    itself a cheapest route.
+    """
+    n = len(direct)
+    tight = np.isfinite(direct) & (direct <= dist) & ~np.eye(n, dtype=bool)
+    if _free_cycle(direct):
+        return tight
+    redundant = np.zeros((n, n), dtype=bool)
+    for k in range(n):
+        detour = dist[:, k : k + 1] + dist[k : k + 1, :] <= direct
+        detour[k, :] = False
+        detour[:, k] = False
+        redundant |= detour
+    return tight & ~redundant
+
+
+def _free_cycle(direct: np.ndarray) -> bool:
+    """Whether zero-price moves (other than staying put) form a cycle."""
+    free = (direct == 0.0) & ~np.eye(len(direct), dtype=bool)
+    reach = free.astype(np.float32)
+    for _ in range(max(1, int(np.ceil(np.log2(max(2, len(direct))))))):
+        reach = np.minimum(reach + reach @ reach, 1.0)
+    return bool(np.diagonal(reach).any())
+
+
+class Router:
+    """Prices edges by routes on one mesh; caches networks and edges for one planning run."""
+
+    def __init__(self, pricer: EdgePricer) -> None:
+        self.pricer = pricer
+        self.num_axes = len(pricer.redist.mesh_shape)
+        self._canon: dict[int, tuple[list[Placements], tuple[int, ...]]] = {}
+        self._nets: dict[tuple[tuple[int, ...], tuple[int, ...], int], Network] = {}
+        self._edges: dict[tuple[tuple[int, ...], ...], RoutedEdge] = {}
+
+    def edge(
+        self,
+        rows: Sequence[Placements],
+        cols: Sequence[Placements],
+        shape: tuple[int, ...],
+        dtype_bytes: int,
+    ) -> RoutedEdge:
+        """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring)."""
+        row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
+        key = (row_ids, col_ids, shape, (dtype_bytes,))
+        found = self._edges.get(key)
+        if found is not None:
+            return found
+        canon, canon_ids = self._canonical(len(shape))
+        seen = set(canon_ids)
+        extra_ids, extra = [], []
+        for i, p in zip(row_ids + col_ids, [*rows, *cols], strict=True):
+            if i not in seen:
+                seen.add(i)
+                extra_ids.append(i)
+                extra.append(p)
+        state_ids = canon_ids + tuple(extra_ids)
+        net_key = (state_ids, shape, dtype_bytes)
+        net = self._nets.get(net_key)
+        if net is None:
+            net = self._nets[net_key] = self._network(canon + extra, shape, dtype_bytes)
+        pos = {s: k for k, s in enumerate(state_ids)}
+        row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
+        col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
+        cost = net.dist[np.ix_(row_state, col_state)]
+        found = self._edges[key] = RoutedEdge(cost, net, row_state, col_state)
+        return found
+
+    def _canonical(self, ndim: int) -> tuple[list[Placements], tuple[int, ...]]:
+        if ndim not in self._canon:
+            states = canonical(ndim, self.num_axes)
+            self._canon[ndim] = (states, self.pricer.ids(states))
+        return self._canon[ndim]
+
+    def _network(
+        self, states: list[Placements], shape: tuple[int, ...], dtype_bytes: int
+    ) -> Network:
+        direct = self.pricer.matrix(states, states, shape, dtype_bytes)
+        dist, hop = closure(direct)
+        arcs = route_arcs(direct, dist)
+        a, b = np.nonzero(arcs)
+        return Network(tuple(states), dist, hop, a, b, direct[a, b])
