@@ -28,6 +28,7 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
+from autoplan.runfile import load_topology
 from tests.test_planner import SLOW_DEVICES
 
 WORLD = 4
@@ -47,6 +48,9 @@ MODELS = {
     "mlp": (_mlp, lambda: torch.randn(16, 32, 64)),
     "llama": (_llama, lambda: torch.randint(0, 128, (8, 16))),
 }
+
+
+TWO_PER_NODE = dataclasses.replace(load_topology("h100"), gpus_per_node=2)
 
 
 def _plan(
@@ -232,6 +236,11 @@ def mlp_plans() -> dict[str, tuple[str, Plan]]:
     return {
         "fsdp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", budget_gib=tight)),
         "ddp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", topology=SLOW_DEVICES)),
+        # tp spans two nodes, cp stays inside one: S(0)R moves detour through S(0)S(0)
+        "routes": (
+            "mlp",
+            _plan("mlp", (2, 2), ("tp", "cp"), "S(0)R", topology=TWO_PER_NODE, solver="highs"),
+        ),
         "bf16": (
             "mlp",
             _plan(
@@ -266,6 +275,14 @@ def test_mlp_ddp_like_plan_matches_one_device(mlp_plans, mlp_results):
     assert set(result["placed"].values()) == {"R"}, result["placed"]
     assert result["executed"].get("all_reduce", 0) >= 4  # one gradient all-reduce per weight
     _assert_matches(result, mlp_plans["ddp"][1])
+
+
+def test_plan_with_routes_runs_each_hop_and_matches_one_device(mlp_plans, mlp_results):
+    """A plan whose moves detour through other placements runs them hop by hop: loss, grads,
+    SGD and the collectives priced for every hop match."""
+    plan = mlp_plans["routes"][1]
+    assert plan.routes, "the case no longer exercises routes"
+    _assert_matches(mlp_results["routes"], plan)
 
 
 def test_mixed_precision_plan_runs_in_bf16_with_fp32_masters(mlp_plans, mlp_results):

@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pytest
 
+from autoplan.cost.routes import Network, closure, route_arcs
 from autoplan.ilp.backends import RunResult, run, write_mps
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, memory_of
-from autoplan.ilp.matrix import emit
+from autoplan.ilp.matrix import _Flow, emit
 from autoplan.ilp.problem import Edge, Problem
-from autoplan.ilp.solve import solve
+from autoplan.ilp.solve import _start_vector, solve
 
 SOLVERS = ["cbc", "highs"]
 
@@ -157,3 +158,73 @@ def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypa
     assert math.isfinite(sol.objective_us)
     assert cost_of(p, sol.choice) == pytest.approx(sol.objective_us)
     assert memory_of(p, sol.choice) <= p.budget
+
+
+def _routed_problem(seed: int) -> Problem:
+    """Random problems whose edges are route-priced: cost = a network's cheapest-route prices.
+
+    Classes of 1-4 strategies, each its own row or column; lone-strategy ends included.
+    """
+    rng = np.random.default_rng(1000 + seed)
+    names = [f"n{k}" for k in range(int(rng.integers(3, 6)))]
+    linear = {v: rng.uniform(0.0, 10.0, int(rng.integers(1, 5))) for v in names}
+    memory = {v: rng.choice([10.0, 20.0, 40.0], len(linear[v])) for v in names[:2]}
+    edges = []
+    for _ in range(int(rng.integers(2, 6))):
+        a, b = rng.choice(len(names), 2, replace=False)
+        u, v = names[a], names[b]
+        n = int(rng.integers(3, 6))
+        direct = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0], (n, n))
+        direct[rng.random((n, n)) < 0.25] = math.inf
+        dist, hop = closure(direct)
+        arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
+        net = Network(tuple(range(n)), dist, hop, arc_src, arc_dst, direct[arc_src, arc_dst])
+        row_state = rng.choice(n, len(linear[u]))
+        col_state = rng.choice(n, len(linear[v]))
+        edges.append(
+            Edge(
+                u,
+                v,
+                np.arange(len(linear[u])),
+                np.arange(len(linear[v])),
+                dist[np.ix_(row_state, col_state)],
+                f"{u} -> {v}",
+                net=net,
+                row_state=row_state,
+                col_state=col_state,
+            )  # fmt: skip
+        )
+    budget = float(sum(m.max() for m in memory.values()) * 0.7)
+    return Problem(linear, memory, edges, {v: v for v in names}, budget)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("seed", range(25))
+def test_flow_edges_solve_to_brute_force(seed, solver):
+    """Route-priced edges laid out as flows over their networks' moves solve exactly, warm start included."""
+    p = _routed_problem(seed)
+    best = _brute_force(p)
+    model = _model(p)
+    sol = solve(model, solver=solver)
+    if not math.isfinite(best):
+        assert sol.status == "infeasible"
+        return
+    assert sol.status == "optimal"
+    assert sol.objective_us == pytest.approx(best, rel=1e-6, abs=1e-6)
+    # the warm start of the optimal plan meets every row and costs what the plan costs
+    m = model.emitted.matrix
+    x = _start_vector(model, {r: sol.choice[r] for r in p.linear})
+    activity = np.zeros(m.num_rows)
+    for j in range(m.num_cols):
+        span = slice(m.start[j], m.start[j + 1])
+        activity[m.index[span]] += m.value[span] * x[j]
+    assert (activity >= m.row_lower - 1e-9).all() and (activity <= m.row_upper + 1e-9).all()
+    assert m.cost @ x + m.offset == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def test_routed_problems_are_laid_out_as_flows():
+    """The cases above do exercise the flow layout (not only the pairwise one)."""
+    flows = sum(
+        isinstance(cols, _Flow) for s in range(25) for cols in emit(_routed_problem(s)).edge_cols
+    )
+    assert flows >= 10

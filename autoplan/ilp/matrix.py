@@ -113,17 +113,31 @@ class _Flow:
     col_state: np.ndarray
 
     def route_columns(self, g: int, h: int) -> np.ndarray:
-        """The arcs of a cheapest route from row g's state to column h's (greedy on dist)."""
-        net, b = self.net, int(self.col_state[h])
-        x, out = int(self.row_state[g]), []
-        while x != b:
-            if len(out) >= net.size:
-                raise RuntimeError(f"no route from state {self.row_state[g]} to {b} over the arcs")
-            arcs = np.flatnonzero(net.arc_src == x)
-            k = arcs[np.argmin(net.arc_cost[arcs] + net.dist[net.arc_dst[arcs], b])]
-            out.append(self.first_col + int(k))
-            x = int(net.arc_dst[k])
-        return np.array(out, dtype=np.int64)
+        """The arcs of a cheapest route from row g's state to column h's.
+
+        A search along *tight* arcs (price plus price-to-go from the arc's end no more
+        than the price-to-go from its start): any path of them is a cheapest route.
+        """
+        net, a, b = self.net, int(self.row_state[g]), int(self.col_state[h])
+        tol = 1e-9 * max(1.0, float(net.dist[a, b]))
+        reached_by = {a: -1}  # state -> the arc it was reached by
+        stack = [a]
+        while stack and b not in reached_by:
+            x = stack.pop()
+            out = np.flatnonzero(net.arc_src == x)
+            tight = out[net.arc_cost[out] + net.dist[net.arc_dst[out], b] <= net.dist[x, b] + tol]
+            for k in tight:
+                y = int(net.arc_dst[k])
+                if y not in reached_by:
+                    reached_by[y] = int(k)
+                    stack.append(y)
+        if b not in reached_by:
+            raise RuntimeError(f"no route from state {a} to state {b} over the network's arcs")
+        arcs, x = [], b
+        while x != a:
+            arcs.append(reached_by[x])
+            x = int(net.arc_src[reached_by[x]])
+        return self.first_col + np.array(arcs[::-1], dtype=np.int64)
 
 
 class _Rows:

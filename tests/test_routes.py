@@ -1,0 +1,186 @@
+"""Tests for autoplan.cost.routes: cheapest chains of redistributions, checked by brute force
+and by running them under LocalTensorMode."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.tensor.debug import CommDebugMode
+
+import autoplan
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.edge_prices import EdgePricer
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.routes import Router, canonical, closure, route_arcs
+from autoplan.cost.topology import Topology
+from autoplan.execute import collective_counts, flatten_mesh_groups
+from autoplan.placements import fmt, parse
+from autoplan.runfile import load_topology
+from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, redistribute
+from tests.test_redistribute_execution import _start
+
+
+def _random_direct(seed: int, n: int, free: float = 0.2) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    d = rng.choice([1.0, 2.0, 3.0, 5.0, 8.0], (n, n))
+    d[rng.random((n, n)) < free] = 0.0
+    d[rng.random((n, n)) < 0.3] = math.inf
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def _brute_dist(direct: np.ndarray) -> np.ndarray:
+    n = len(direct)
+    best = np.full((n, n), math.inf)
+    for a, b in itertools.product(range(n), repeat=2):
+        others = [k for k in range(n) if k not in (a, b)]
+        for size in range(len(others) + 1):
+            for mid in itertools.permutations(others, size):
+                path = [a, *mid, b] if a != b else [a]
+                price = sum(direct[x, y] for x, y in itertools.pairwise(path))
+                best[a, b] = min(best[a, b], price)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_closure_is_the_brute_force_cheapest_route_and_hops_follow_it(seed):
+    """Floyd-Warshall prices equal the cheapest of all simple paths; each route sums to its price."""
+    direct = _random_direct(seed, 5)
+    dist, hop = closure(direct)
+    np.testing.assert_array_equal(dist, _brute_dist(direct))
+    net_direct = np.where(np.eye(5, dtype=bool), 0.0, direct)
+    for a, b in itertools.product(range(5), repeat=2):
+        if not math.isfinite(dist[a, b]):
+            continue
+        path, x = [a], a
+        while x != b:
+            x = int(hop[x, b])
+            path.append(x)
+        assert sum(net_direct[x, y] for x, y in itertools.pairwise(path)) == dist[a, b]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kept_moves_reproduce_every_cheapest_price(seed):
+    """Routing over route_arcs' moves alone gives the same prices, free moves and cycles included."""
+    direct = _random_direct(seed, 7, free=0.35)
+    dist, _ = closure(direct)
+    arcs = route_arcs(direct, dist)
+    only = np.where(arcs, direct, math.inf)
+    np.testing.assert_array_equal(closure(only)[0], dist)
+    assert arcs.sum() <= np.isfinite(direct).sum() - len(direct)
+
+
+def _router(mesh_shape, topology=None) -> Router:
+    topo = topology or Topology()
+    return Router(EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topo))))
+
+
+def test_70b_mesh_gathers_across_nodes_through_a_local_slice():
+    """On 8x8x8 H100s, S(0)S(2)R -> S(0)RR is cheaper sliced on cp first, then gathered fused."""
+    router = _router((8, 8, 8), load_topology("h100"))
+    src, dst = parse("S(0)S(2)R", 3), parse("S(0)RR", 3)
+    edge = router.edge([src], [dst], (64, 8192, 8192), 4)
+    direct = router.pricer.matrix([src], [dst], (64, 8192, 8192), 4)[0, 0]
+    path = edge.net.route(int(edge.row_state[0]), int(edge.col_state[0]))
+    assert [fmt(edge.net.states[k]) for k in path] == ["S(0)S(2)R", "S(0)S(2)S(2)", "S(0)RR"]
+    assert edge.cost[0, 0] < direct / 5  # 6.5 ms against 43.9 ms
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 2, 2), (8, 8, 8)])
+def test_route_prices_never_exceed_one_move_and_the_moves_reproduce_them(mesh_shape):
+    """Every route price is at most DTensor's one-step price, and the network's moves give it."""
+    router = _router(mesh_shape, load_topology("h100"))
+    states = canonical(3, len(mesh_shape))
+    edge = router.edge(states, states, (16, 64, 128), 2)
+    direct = router.pricer.matrix(states, states, (16, 64, 128), 2)
+    assert (edge.cost <= direct).all()
+    net = edge.net
+    only = np.full((net.size, net.size), math.inf)
+    only[net.arc_src, net.arc_dst] = net.arc_cost
+    np.testing.assert_allclose(closure(only)[0], net.dist, rtol=1e-12)
+    assert len(net.arc_src) < np.isfinite(net.dist).sum()
+
+
+def test_routes_run_hop_by_hop_with_the_collectives_priced_per_hop():
+    """Each multi-move route on a 2x2x2 mesh, run one redistribution per hop, gives the tensor
+    back unchanged and runs exactly the collectives priced for its hops."""
+    shape, mesh_shape = (8, 8), (2, 2, 2)
+    router = _router(mesh_shape)
+    model = router.pricer.redist
+    # Partial ends are left out: LocalTensorMode's R -> P start is no sum of rank values
+    states = [p for p in canonical(2, 3) if not any(isinstance(x, Partial) for x in p)]
+    edge = router.edge(states, states, shape, 4)
+    net = edge.net
+    pairs = [
+        (a, b)
+        for a, b in itertools.product(edge.row_state, edge.col_state)
+        if math.isfinite(net.dist[a, b]) and len(net.route(a, b)) > 2
+    ]
+    assert len(pairs) > 50
+    mesh = autoplan.fake_mesh(mesh_shape, ("a", "b", "c"))
+    x = torch.arange(64.0).reshape(shape)
+    bad = []
+    with LocalTensorMode(mesh.size()):
+        flatten_mesh_groups(mesh)
+        for a, b in random.Random(0).sample(pairs, 60):
+            path = [net.states[k] for k in net.route(a, b)]
+            value = _start(x, mesh, path[0])
+            with CommDebugMode() as comm:
+                for hop in path[1:]:
+                    value = redistribute(value, mesh, hop)
+            priced = Counter(
+                kind
+                for s, d in itertools.pairwise(path)
+                for kind, *_ in model.steps(s, d, shape, 4)
+            )
+            executed = collective_counts(comm.get_comm_counts())
+            if executed != dict(priced) or not torch.equal(value.full_tensor(), x):
+                bad.append(f"{' -> '.join(map(fmt, path))}: ran {executed}, priced {dict(priced)}")
+    assert not bad, bad[:5]
+
+
+def test_replicated_detour_reaches_a_partial_dtensor_cannot_make_in_one_move():
+    """S(0) -> P is no DTensor move, but S(0) -> R -> P is: the route prices it as the gather."""
+    router = _router((2,))
+    s0, r, p = parse("S(0)", 1), (Replicate(),), (Partial(),)
+    direct = router.pricer.matrix([s0], [p], (8, 8), 4)[0, 0]
+    edge = router.edge([s0], [p], (8, 8), 4)
+    gather = router.pricer.matrix([s0], [r], (8, 8), 4)[0, 0]
+    assert math.isinf(direct)
+    assert edge.cost[0, 0] == gather
+
+
+def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
+    """MLP on (tp across two nodes, cp inside one): the routed plan is cheaper than DTensor's
+    one-move plan, and its routes survive the JSON round trip."""
+    from autoplan.models.mlp import TinyMLP
+    from autoplan.plan import Plan
+
+    topology = dataclasses.replace(load_topology("h100"), gpus_per_node=2)
+    with torch.device("meta"):
+        model = TinyMLP()
+
+    def plan(routes: bool) -> Plan:
+        return autoplan.plan(
+            model,
+            lambda: torch.randn(16, 32, 64),
+            autoplan.fake_mesh((2, 2), ("tp", "cp")),
+            config=autoplan.PlanConfig(topology=topology, routes=routes, solver="highs"),
+            input_placements=["S(0)R"],
+        )
+
+    routed, direct = plan(True), plan(False)
+    assert routed.objective_us < direct.objective_us
+    assert routed.routes and not direct.routes
+    for key, hops in routed.routes.items():
+        node, slot = key.rsplit(":", 1)
+        assert node in routed.node_placements and int(slot) >= 0
+        assert all(parse(h, 2) for h in hops)
+    assert Plan.from_json(routed.to_json()).routes == routed.routes
