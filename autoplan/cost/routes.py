@@ -38,6 +38,9 @@ from autoplan.cost.edge_prices import EdgePricer
 from autoplan.placements import Placements
 from autoplan.strategies.dtensor import Partial, Placement, Replicate, Shard
 
+# Relative slack when asking whether a move lies on a cheapest route (float sums).
+_TIGHT = 1e-9
+
 
 @dataclass(frozen=True, eq=False)
 class Network:
@@ -68,6 +71,25 @@ class Network:
         while path[-1] != b:
             path.append(int(self.hop[path[-1], b]))
         return path
+
+    def between(self, sources: np.ndarray, sinks: np.ndarray) -> Network:
+        """The network with only the moves some cheapest route from ``sources`` to ``sinks``
+        can use: a move x->y stays if it is tight from some source (it ends a cheapest
+        route there) and tight toward some sink. Every move of a cheapest source-to-sink
+        route is both, so every route price stays.
+        """
+        x, y, w = self.arc_src, self.arc_dst, self.arc_cost
+        d = self.dist
+        to_x, to_y = d[np.ix_(sources, x)], d[np.ix_(sources, y)]
+        tight_from = (np.isfinite(to_x) & (to_x + w <= to_y * (1 + _TIGHT) + _TIGHT)).any(axis=0)
+        from_x, from_y = d[np.ix_(x, sinks)], d[np.ix_(y, sinks)]
+        tight_to = (
+            np.isfinite(from_y) & (w[:, None] + from_y <= from_x * (1 + _TIGHT) + _TIGHT)
+        ).any(axis=1)
+        keep = tight_from & tight_to
+        if keep.all():
+            return self
+        return Network(self.states, d, self.hop, x[keep], y[keep], w[keep])
 
     def scaled(self, factor: float) -> Network:
         """The same network with every price multiplied (an edge standing for several)."""
@@ -181,7 +203,7 @@ class Router:
         net_key = (state_ids, shape, dtype_bytes)
         net = self._nets.get(net_key)
         if net is None:
-            net = self._nets[net_key] = self._network(canon + extra, shape, dtype_bytes)
+            net = self._nets[net_key] = self._network(canon, extra, shape, dtype_bytes)
         pos = {s: k for k, s in enumerate(state_ids)}
         row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
         col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
@@ -196,9 +218,26 @@ class Router:
         return self._canon[ndim]
 
     def _network(
-        self, states: list[Placements], shape: tuple[int, ...], dtype_bytes: int
+        self,
+        canon: list[Placements],
+        extra: list[Placements],
+        shape: tuple[int, ...],
+        dtype_bytes: int,
     ) -> Network:
-        direct = self.pricer.matrix(states, states, shape, dtype_bytes)
+        # Priced by blocks: the canonical block's layout is shared by every network of the
+        # same rank and divisibility, whatever the edge adds.
+        states = canon + extra
+        direct = self.pricer.matrix(canon, canon, shape, dtype_bytes)
+        if extra:
+            direct = np.block(
+                [
+                    [direct, self.pricer.matrix(canon, extra, shape, dtype_bytes)],
+                    [
+                        self.pricer.matrix(extra, canon, shape, dtype_bytes),
+                        self.pricer.matrix(extra, extra, shape, dtype_bytes),
+                    ],
+                ]
+            )
         dist, hop = closure(direct)
         arcs = route_arcs(direct, dist)
         a, b = np.nonzero(arcs)

@@ -53,20 +53,35 @@ def _numel(e: EdgeCost) -> int:
     return int(np.prod(e.tensor.shape)) if e.tensor is not None else 0
 
 
-def _follow_map(in_edge: EdgeCost, compute_v: np.ndarray, num_src: int) -> np.ndarray | None:
+def _same_cols(e: EdgeCost, memo: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
+    """Per row of ``e``, the column with the same placement (-1: none).
+
+    Twin edges share their placement tuples, so the matching is hashed once per pair of
+    tuples (``memo``, keyed by identity, lives as long as the cost table it reads).
+    """
+    key = (id(e.src_placements), id(e.dst_placements))
+    found = memo.get(key)
+    if found is None:
+        col_of = {p: c for c, p in enumerate(e.dst_placements)}
+        found = memo[key] = np.array([col_of.get(p, -1) for p in e.src_placements], dtype=np.int64)
+    return found
+
+
+def _follow_map(
+    in_edge: EdgeCost, compute_v: np.ndarray, memo: dict[tuple[int, int], np.ndarray]
+) -> np.ndarray | None:
     """j(i) for each producer strategy i, or None if some placement cannot pass through."""
-    zero_cols: dict[int, list[int]] = {}
-    for j, c in enumerate(in_edge.dst_group):
-        zero_cols.setdefault(int(c), []).append(j)
-    col_of = {p: c for c, p in enumerate(in_edge.dst_placements)}
-    best_in_col = {c: min(js, key=lambda j: compute_v[j]) for c, js in zero_cols.items()}
-    row_to_j: dict[int, int] = {}
-    for r, src_p in enumerate(in_edge.src_placements):
-        col = col_of.get(src_p)
-        if col is None or in_edge.cost[r, col] != 0.0:
-            return None  # every row stands for at least one producer strategy
-        row_to_j[r] = best_in_col[col]
-    return np.array([row_to_j[int(r)] for r in in_edge.src_group], dtype=np.int64)
+    col = _same_cols(in_edge, memo)
+    if (col < 0).any() or (in_edge.cost[np.arange(len(col)), col] != 0.0).any():
+        return None  # every row stands for at least one producer strategy
+    # per column, its cheapest strategy (the first of equals)
+    g = in_edge.dst_group
+    order = np.lexsort((np.arange(len(g)), compute_v, g))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = g[order][1:] != g[order][:-1]
+    best = np.full(int(g.max()) + 1, -1, dtype=np.int64)
+    best[g[order][first]] = order[first]
+    return best[col][in_edge.src_group]
 
 
 def collapse_followers(
@@ -92,6 +107,7 @@ def collapse_followers(
         return u, np.arange(len(costs.compute[u]))
 
     followed: dict[str, EdgeCost] = {}
+    memo: dict[tuple[int, int], np.ndarray] = {}
     for v, ns in table.nodes.items():
         edges = [e for e in in_edges.get(v, []) if e.slot != GRAD_SLOT]
         if ns.kind != "op" or v in keep or not edges or len(edges) != len(in_edges.get(v, [])):
@@ -100,7 +116,7 @@ def collapse_followers(
             continue
         # follow the largest input: the tensor a redistribution would move most bytes of
         e = max(edges, key=lambda x: (_numel(x), -x.slot))
-        u_map = _follow_map(e, compute[v], len(costs.compute[e.src]))
+        u_map = _follow_map(e, compute[v], memo)
         if u_map is None:
             continue
         root, to_u = resolve(e.src)
