@@ -9,14 +9,17 @@ Why arrays and not a modelling layer: building one Python object per
 variable and writing them out again was most of the ILP's time on LLaMA3-8B
 (PuLP: 47k variables, ~0.8 s to make and ~0.7 s per solver call to write). Here
 every class and edge is a few numpy operations, and the same arrays go to
-HiGHS in memory (:mod:`autoplan.ilp.highs`) or to CBC as an MPS file
-(:mod:`autoplan.ilp.cbc`).
+HiGHS in memory or to CBC as an MPS file (:mod:`autoplan.ilp.backends`).
 
 Columns: first the binary strategy columns of every class with two or more
-allowed strategies, then the continuous edge columns. Rows, in order: one
-"one strategy" row per class with columns, the row sums and all but the last
-column sum of every edge, and the memory row when the budget can bind. The
-math is in :mod:`autoplan.ilp.build`'s docstring.
+allowed strategies, then the continuous edge columns: one per finite
+placement pair, or, for a route-priced edge whose network has fewer moves
+than the edge has pairs, one per move that a cheapest route between the
+edge's states can use (a flow). Rows, in order: one "one strategy" row per
+class with columns, then per edge its row sums and all but the last column
+sum (pairs) or one conservation row per state it touches but one (flow),
+and the memory row when the budget can bind. The math is in
+:mod:`autoplan.ilp.build`'s docstring.
 """
 
 from __future__ import annotations
