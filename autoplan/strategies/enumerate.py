@@ -147,7 +147,11 @@ class _Enumerator:
         self.mesh = mesh
         self.mesh_shape = tuple(mesh.shape)
         self.nodes: dict[str, NodeStrategies] = {}
-        self.candidates: dict[str, list[Placements]] = {}
+        # per node: (id of its distinct output placements, those placements); twins share
+        # their strategy tuple, so the placements are hashed once per distinct tuple
+        self.candidates: dict[str, tuple[int, list[Placements]]] = {}
+        self._by_strategies: dict[int, tuple[int, list[Placements]]] = {}
+        self._interned: dict[tuple[Placements, ...], int] = {}
         self.masked: dict[tuple[Any, ...], Placement] = {}
         self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
         self.fallback: dict[str, None] = {}
@@ -208,7 +212,7 @@ class _Enumerator:
             static_args(node),
             in_infos,
             out_infos,
-            tuple(tuple(self._candidates(a)) for a in in_nodes),
+            tuple(self._candidate_entry(a)[0] for a in in_nodes),
         )
         cached = self.cache.get(key) if self.use_cache else None
         if cached is None:
@@ -271,14 +275,23 @@ class _Enumerator:
         )
 
     def _candidates(self, arg: fx.Node) -> list[Placements]:
+        return self._candidate_entry(arg)[1]
+
+    def _candidate_entry(self, arg: fx.Node) -> tuple[int, list[Placements]]:
         found = self.candidates.get(arg.name)
         if found is None:
-            seen: dict[Placements, None] = {}
-            for s in self.nodes[arg.name].strategies:
-                p = s.outs[0]
-                if p is not None:
-                    seen[p] = None
-            found = self.candidates[arg.name] = list(seen)
+            strategies = self.nodes[arg.name].strategies
+            found = self._by_strategies.get(id(strategies))
+            if found is None:
+                seen: dict[Placements, None] = {}
+                for s in strategies:
+                    p = s.outs[0]
+                    if p is not None:
+                        seen[p] = None
+                distinct = tuple(seen)
+                cid = self._interned.setdefault(distinct, len(self._interned))
+                found = self._by_strategies[id(strategies)] = (cid, list(distinct))
+            self.candidates[arg.name] = found
         return found
 
     def _op_strategies(
