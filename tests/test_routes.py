@@ -97,7 +97,7 @@ def test_70b_mesh_gathers_across_nodes_through_a_local_slice():
 def test_route_prices_never_exceed_one_move_and_the_moves_reproduce_them(mesh_shape):
     """Every route price is at most DTensor's one-step price, and the network's moves give it."""
     router = _router(mesh_shape, load_topology("h100"))
-    states = canonical(3, len(mesh_shape))
+    states = canonical((16, 64, 128), mesh_shape)
     edge = router.edge(states, states, (16, 64, 128), 2)
     direct = router.pricer.matrix(states, states, (16, 64, 128), 2)
     assert (edge.cost <= direct).all()
@@ -115,7 +115,7 @@ def test_routes_run_hop_by_hop_with_the_collectives_priced_per_hop():
     router = _router(mesh_shape)
     model = router.pricer.redist
     # Partial ends are left out: LocalTensorMode's R -> P start is no sum of rank values
-    states = [p for p in canonical(2, 3) if not any(isinstance(x, Partial) for x in p)]
+    states = [p for p in canonical(shape, mesh_shape) if not any(isinstance(x, Partial) for x in p)]
     edge = router.edge(states, states, shape, 4)
     net = edge.net
     pairs = [
@@ -144,6 +144,16 @@ def test_routes_run_hop_by_hop_with_the_collectives_priced_per_hop():
             if executed != dict(priced) or not torch.equal(value.full_tensor(), x):
                 bad.append(f"{' -> '.join(map(fmt, path))}: ran {executed}, priced {dict(priced)}")
     assert not bad, bad[:5]
+
+
+def test_waypoints_leave_out_uneven_splits_but_keep_the_edges_own():
+    """A dim of 2 on an 8-way axis is no waypoint; an edge that shards it still gets its price."""
+    states = canonical((64, 2), (8,))
+    assert [fmt(p) for p in states] == ["R", "P", "S(0)"]
+    router = _router((8,))
+    odd = parse("S(1)", 1)
+    edge = router.edge([odd], [parse("R", 1)], (64, 2), 4)
+    assert edge.cost[0, 0] == router.pricer.matrix([odd], [parse("R", 1)], (64, 2), 4)[0, 0]
 
 
 def test_replicated_detour_reaches_a_partial_dtensor_cannot_make_in_one_move():
