@@ -194,3 +194,22 @@ def test_reduced_ilp_matches_plain_on_tiny_llama(layers, shape):
     reduced_b, _ = _objective(costs, allowed, budget, reduced=True)
     assert plain_b > plain
     assert reduced_b == pytest.approx(plain_b, rel=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
+    """The probe-then-confirm dominance check drops exactly the rows the full comparison drops."""
+    from autoplan.ilp.prune import _dominated
+
+    rng = np.random.default_rng(seed)
+    f = rng.choice([0.0, 1.0, 2.0, np.inf], (40, 100), p=[0.4, 0.3, 0.2, 0.1])
+    f[5] = f[3]  # equal rows: the first stays
+    f[7] = np.minimum(f[8], f[9])  # a row that beats others
+    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
+    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
+    idx = np.arange(len(f))
+    beats = le & (~ge | (idx[:, None] < idx[None, :]))
+    np.fill_diagonal(beats, False)
+    expected = beats.any(axis=0)
+    np.testing.assert_array_equal(_dominated(f, probe=8, chunk=16), expected)
+    assert expected.any()
