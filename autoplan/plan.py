@@ -144,6 +144,11 @@ class Plan:
                 lines.append(
                     f"  {kind:<15} x{int(c['count']):<5} {c['bytes'] / 2**20:12.1f} MiB  {c['us'] / 1e3:9.3f} ms"
                 )
+        if self.routes:
+            lines.append(
+                f"routed moves: {len(self.routes)} inputs move through other placements on the way "
+                "(plan.routes; autoplan explain shows each)"
+            )
         lines.append("parameter placements (" + ", ".join(self.axis_names) + "):")
         for kind, counts in param_groups(self.param_placements).items():
             placed = ", ".join(f"{p} x{c}" if c > 1 else p for p, c in counts.most_common())

@@ -194,3 +194,5 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
         assert node in routed.node_placements and int(slot) >= 0
         assert all(parse(h, 2) for h in hops)
     assert Plan.from_json(routed.to_json()).routes == routed.routes
+    assert f"routed moves: {len(routed.routes)} inputs" in routed.summary()
+    assert "routed moves" not in direct.summary()
