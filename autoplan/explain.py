@@ -22,7 +22,6 @@ memory budget (the alternative is marked over budget).
 from __future__ import annotations
 
 import difflib
-import itertools
 import math
 from typing import Any
 
@@ -81,9 +80,7 @@ def _moves(rb: Rebuilt, e: EdgeCost, assign: dict[str, int]) -> str:
     names = rb.table.axis_names
     parts = [
         f"{kind} over {'x'.join(names[a] for a in axes)} {human_bytes(nbytes)}"
-        for a, b in itertools.pairwise(path)
-        for kind, axes, nbytes, _us in rb.redist.steps(a, b, e.tensor.shape, e.tensor.dtype_bytes)
-        or ()
+        for kind, axes, nbytes, _us in e.route_steps(rb.redist, row, col)
     ]
     return head + ": " + (", ".join(parts) if parts else "local slice, no comm")
 

@@ -8,7 +8,6 @@ Each stage is timed; a progress callback hears the start of each phase.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -305,14 +304,11 @@ def _read_solution(
         path = e.route(r, c)
         if len(path) > 2:
             routes[f"{e.dst}:{e.slot}"] = [fmt(p) for p in path[1:-1]]
-        for a, b in itertools.pairwise(path):
-            for kind, _axes, nbytes, t in (
-                redist.steps(a, b, e.tensor.shape, e.tensor.dtype_bytes) or []
-            ):
-                entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
-                entry["count"] += 1
-                entry["bytes"] += nbytes
-                entry["us"] += t
+        for kind, _axes, nbytes, t in e.route_steps(redist, r, c):
+            entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
+            entry["count"] += 1
+            entry["bytes"] += nbytes
+            entry["us"] += t
     node_placements: dict[str, dict[str, Any]] = {}
     for v, i in choice.items():
         ns = table.nodes[v]

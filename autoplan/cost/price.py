@@ -18,6 +18,7 @@ Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,6 +67,20 @@ class EdgeCost:
             + [self.net.states[k] for k in states[1:-1]]
             + [self.dst_placements[col]]
         )
+
+    def route_steps(
+        self, redist: RedistributeModel, row: int, col: int
+    ) -> list[tuple[str, tuple[int, ...], float, float]]:
+        """The priced collectives of the move from ``row`` to ``col``, hop after hop along
+        its route (:meth:`RedistributeModel.steps` of each hop)."""
+        if self.tensor is None:
+            return []
+        shape, nbytes = self.tensor.shape, self.tensor.dtype_bytes
+        return [
+            step
+            for a, b in itertools.pairwise(self.route(row, col))
+            for step in redist.steps(a, b, shape, nbytes) or ()
+        ]
 
 
 @dataclass(frozen=True)

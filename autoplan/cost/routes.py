@@ -185,7 +185,9 @@ class Router:
         self.pricer = pricer
         self._canon: dict[tuple[int, ...], tuple[list[Placements], tuple[int, ...]]] = {}
         self._nets: dict[tuple[tuple[int, ...], tuple[int, ...], int], Network] = {}
-        self._edges: dict[tuple[tuple[int, ...], ...], RoutedEdge] = {}
+        self._edges: dict[
+            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int], RoutedEdge
+        ] = {}
 
     def edge(
         self,
@@ -196,7 +198,7 @@ class Router:
     ) -> RoutedEdge:
         """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring)."""
         row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
-        key = (row_ids, col_ids, shape, (dtype_bytes,))
+        key = (row_ids, col_ids, shape, dtype_bytes)
         found = self._edges.get(key)
         if found is not None:
             return found
@@ -233,8 +235,8 @@ class Router:
         shape: tuple[int, ...],
         dtype_bytes: int,
     ) -> Network:
-        # Priced by blocks: the canonical block's layout is shared by every network of the
-        # same rank and divisibility, whatever the edge adds.
+        # Priced by blocks: the waypoint block's layout is shared by every network with the
+        # same waypoints and divisibility, whatever the edge adds.
         states = canon + extra
         direct = self.pricer.matrix(canon, canon, shape, dtype_bytes)
         if extra:

@@ -88,7 +88,9 @@ class Emitted:
 
     ``class_cols[r][i]`` is the column of class r's strategy i (-1: no column,
     the strategy cannot be chosen or is the class's only one);
-    ``edge_cols[k][g, h]`` the column of edge k's move g -> h (-1: impossible).
+    ``edge_cols[k][g, h]`` the column of edge k's move g -> h (-1: impossible), or, for
+    an edge laid out as a flow, the :class:`_Flow` that finds a move's route columns
+    (:meth:`move_columns` answers both).
     ``infeasible`` names a constraint group that no plan can meet.
     """
 
@@ -207,8 +209,8 @@ def emit(p: Problem) -> Emitted:
         # A flow when the network's moves are fewer than the pairs (measured on LLaMA3-70B:
         # deciding on the moves left after _flow_network's pruning turns more small edges
         # into flows, adds rows, and the LP took longer)
-        net = _flow_network(e) if e.net is not None and len(e.net.arc_src) < finite.sum() else None
-        if net is not None:
+        if e.net is not None and len(e.net.arc_src) < finite.sum():
+            net = _flow_network(e)
             flow = _Flow(num_cols, net, e.row_state, e.col_state)
             costs.append(net.arc_cost)
             num_cols += len(net.arc_cost)
@@ -257,10 +259,9 @@ def emit(p: Problem) -> Emitted:
     return Emitted(matrix, class_cols, edge_cols, infeasible, fixed)
 
 
-def _flow_network(e: Edge) -> Network | None:
+def _flow_network(e: Edge) -> Network:
     """The moves edge e's flow may use: those on cheapest routes from its rows to its columns."""
-    if e.net is None or e.row_state is None or e.col_state is None:
-        return None
+    assert e.net is not None and e.row_state is not None and e.col_state is not None
     return e.net.between(np.unique(e.row_state), np.unique(e.col_state))
 
 
