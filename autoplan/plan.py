@@ -125,7 +125,8 @@ class Plan:
             )
         lines.append(
             f"graph: {self.graph_nodes} nodes, {self.ilp_size.get('merged', 0)} merged into producers, "
-            f"{self.ilp_size.get('tied', 0)} tied to a twin   ILP: {self.ilp_size.get('variables', 0)} "
+            f"{self.ilp_size.get('tied', 0)} tied to a twin{_split(self.ilp_size)}   "
+            f"ILP: {self.ilp_size.get('variables', 0)} "
             f"variables, {self.ilp_size.get('constraints', 0)} constraints   "
             f"solver: {self.solver} -> {self.status}"
         )
@@ -156,6 +157,11 @@ class Plan:
         if self.fallback_ops:
             lines.append("replicated (no sharding rule): " + ", ".join(self.fallback_ops))
         return "\n".join(lines)
+
+
+def _split(ilp_size: dict[str, int]) -> str:
+    split = ilp_size.get("untied", 0)
+    return f" ({split} twin classes split under the memory budget)" if split else ""
 
 
 def _bytes(n: float) -> str:

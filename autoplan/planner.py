@@ -26,6 +26,7 @@ from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
+from autoplan.ilp.untie import untie_under_budget, worth_untying
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
@@ -212,6 +213,16 @@ def plan(
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
     )
+    if config.cluster_layers and worth_untying(model_ilp, solution):
+        solution, split = untie_under_budget(
+            ilp_costs,
+            model_ilp,
+            solution,
+            solver=config.solver,
+            time_limit_s=config.time_limit_s,
+            mip_gap=config.mip_gap,
+        )
+        base["ilp_size"]["untied"] = split
     done()
     if solution.status == "infeasible":
         return _infeasible(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,10 @@ class Solution:
     """What the solver found. ``choice`` is empty unless a solution exists.
 
     ``bound_us`` is a proven lower bound on the optimum (nan when unknown);
-    ``stats`` says what the reduced-cost fixing did.
+    ``stats`` says what the reduced-cost fixing did. ``lp_values[r]`` and
+    ``lp_reduced[r]`` are the LP relaxation's value and reduced cost of each of
+    class r's strategies (None without fixing; a lone strategy has value 1 and
+    reduced cost 0, one that cannot be chosen inf).
     """
 
     status: str  # "optimal" | "time_limit" | "infeasible"
@@ -47,6 +51,8 @@ class Solution:
     solver: str
     bound_us: float = math.nan
     stats: dict[str, float] | None = None
+    lp_values: dict[str, np.ndarray] | None = None
+    lp_reduced: dict[str, np.ndarray] | None = None
 
     @property
     def gap(self) -> float:
@@ -81,19 +87,37 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
     return x
 
 
+@dataclass
+class _Prefix:
+    """What the LP relaxation and the incumbent give the MIP."""
+
+    bound: float = math.nan
+    stats: dict[str, float] | None = None
+    choice: dict[str, int] | None = None  # the incumbent plan per class
+    start: np.ndarray | None = None  # its column values: the warm start
+    keep: np.ndarray | None = None  # the columns the MIP keeps (None: all)
+    lp_values: dict[str, np.ndarray] | None = None
+    lp_reduced: dict[str, np.ndarray] | None = None
+
+
 def _prefix(
-    model: IlpModel, solver: str, time_limit_s: float | None
-) -> tuple[float, dict[str, float], dict[str, int] | None, np.ndarray | None, np.ndarray | None]:
-    """LP bound, stats, the incumbent plan per class, its column values (the warm start)
-    and the columns the MIP keeps (None: all)."""
+    model: IlpModel, solver: str, time_limit_s: float | None, known: dict[str, int] | None
+) -> _Prefix:
+    """LP bound, incumbent (the rounded LP plan, polished, or ``known`` if cheaper) and
+    the columns its reduced costs let the MIP drop."""
     m = model.emitted.matrix
     lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
     if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return math.nan, {}, None, None, None
+        return _Prefix()
     bound = float(m.cost @ lp.x) + m.offset
-    found = from_lp(model.reduced, _class_values(model, lp.x))
+    values = _class_values(model, lp.x)
+    found = from_lp(model.reduced, values)
+    if known is not None:
+        cost = _valid_cost(model, known)
+        if found is None or cost < found[1]:
+            found = known, cost
     if found is None:
-        return bound, {"lp_bound_us": bound}, None, None, None
+        return _Prefix(bound, {"lp_bound_us": bound})
     choice, upper = found
     stats = {"lp_bound_us": bound, "rounded_us": upper}
     choice, upper, start = _polish(model, solver, lp.x, lp.dj, bound, choice, upper, time_limit_s)
@@ -101,7 +125,18 @@ def _prefix(
     gap = upper - bound + 1e-6 * max(1.0, abs(upper))
     dead = (lp.x <= 1e-9) & (lp.dj > gap) & (start == 0.0)  # never the incumbent's own
     stats |= {"incumbent_us": upper, "fixed": float(dead.sum())}
-    return bound, stats, choice, start, ~dead
+    return _Prefix(bound, stats, choice, start, ~dead, values, _class_reduced(model, lp.dj))
+
+
+def _class_reduced(model: IlpModel, dj: np.ndarray) -> dict[str, np.ndarray]:
+    """Each class's LP reduced cost per strategy (inf where it has no column; 0 on a lone one)."""
+    out = {}
+    for r, cols in model.emitted.class_cols.items():
+        d = np.where(cols >= 0, dj[np.maximum(cols, 0)], np.inf)
+        if r in model.emitted.fixed:
+            d[model.emitted.fixed[r]] = 0.0
+        out[r] = d
+    return out
 
 
 # The restricted MIP of _polish keeps columns whose reduced cost is within this share of
@@ -176,8 +211,12 @@ def solve(
     time_limit_s: float | None = None,
     mip_gap: float = 0.0,
     fixing: bool = True,
+    start: Mapping[str, int] | None = None,
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable.
+
+    ``start`` (a strategy per node, e.g. a plan of a more constrained model) is
+    used as the incumbent when it is valid and cheaper than the LP-rounded one.
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -190,21 +229,24 @@ def solve(
         return Solution("infeasible", float("nan"), {}, 0.0, solver)
     em, p = model.emitted, model.reduced
     m = em.matrix
-    bound, stats, incumbent = math.nan, {}, None
+    bound, stats, incumbent, values, reduced = math.nan, {}, None, None, None
     status = "optimal"
     choice = {r: em.fixed.get(r, 0) for r in p.linear}
+    known = {r: int(start[r]) for r in p.linear} if start is not None else None
     if m.num_cols:
-        keep = start = None
+        keep = x0 = None
         if fixing:
-            bound, stats, incumbent, start, keep = _prefix(model, solver, time_limit_s)
+            pre = _prefix(model, solver, time_limit_s, known)
+            bound, stats, incumbent = pre.bound, pre.stats or {}, pre.choice
+            keep, x0, values, reduced = pre.keep, pre.start, pre.lp_values, pre.lp_reduced
         left = time_limit_s
         if time_limit_s is not None:
             left = max(1.0, time_limit_s - (time.perf_counter() - start_time))
         # Fixed columns are left out of the MIP altogether: a smaller model to write and presolve.
         sub = m.columns(keep) if keep is not None else m
-        if keep is not None and start is not None:
-            start = start[keep]
-        result = run(sub, solver, mip=True, time_limit_s=left, mip_gap=mip_gap, start=start)
+        if keep is not None and x0 is not None:
+            x0 = x0[keep]
+        result = run(sub, solver, mip=True, time_limit_s=left, mip_gap=mip_gap, start=x0)
         if math.isfinite(result.bound):
             bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
         # The cheaper valid plan of the solver's answer and the incumbent it started from;
@@ -228,4 +270,4 @@ def solve(
         cost = _valid_cost(model, choice)
     nodes = {v: choice[r] for v, r in p.rep.items()}
     seconds = time.perf_counter() - start_time
-    return Solution(status, cost, nodes, seconds, solver, bound, stats)
+    return Solution(status, cost, nodes, seconds, solver, bound, stats, values, reduced)
