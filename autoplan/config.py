@@ -51,6 +51,10 @@ class PlanConfig:
     cluster_layers: bool = True
     """Tie the variables of nodes that repeated identical layers make alike (see
     :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
+    untie_under_budget: bool = True
+    """With ``cluster_layers`` and a memory budget the LP relaxation spends in full, let
+    twin layers take different strategies after the tied solve where that is cheaper
+    (see :mod:`autoplan.ilp.untie`); never a dearer plan."""
     prune_dominated: bool = True
     """Drop strategies another strategy of the same node beats in compute, memory and
     every incident move before solving (see :mod:`autoplan.ilp.prune`); exact."""
@@ -98,6 +102,7 @@ class PlanConfig:
         for name in (
             "collapse_followers",
             "cluster_layers",
+            "untie_under_budget",
             "prune_dominated",
             "reduced_cost_fixing",
             "routes",

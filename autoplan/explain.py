@@ -243,8 +243,9 @@ def format_explain(result: dict[str, Any]) -> str:
         )
     if r["tied_to"]:
         lines.append(
-            f"tied to twin {r['tied_to']} (cluster_layers): the plan moves twins together, "
-            "this report moves one, so an alternative may be cheaper alone"
+            f"tied to twin {r['tied_to']} (cluster_layers): the solver moved twins together "
+            "(untie_under_budget may split them after), this report moves one, so an "
+            "alternative may be cheaper alone"
         )
     if r["status"] == "time_limit":
         lines.append("the solver stopped at its time limit: a cheaper alternative is possible")

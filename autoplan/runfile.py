@@ -11,8 +11,8 @@ Schema::
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
     plan:     {mm_mode, memory_budget_gib, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
-               optimizer_states, collapse_followers, cluster_layers, prune_dominated,
-               reduced_cost_fixing}
+               optimizer_states, collapse_followers, cluster_layers, untie_under_budget,
+               prune_dominated, reduced_cost_fixing, routes}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
     constraints: {output_placements: ["RR"],                         # the loss's placement
                   pin: {layers.0.attention.wq.weight: "S(0)S(0)", einsum_default: "S(0)R"}}

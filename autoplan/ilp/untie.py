@@ -42,8 +42,9 @@ from autoplan.ilp.solve import Solution, solve
 
 _USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
 _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's tolerances
-# The second pass (every node) runs when the first pass's plan is more than _CLOSE above
-# the LP bound, and keeps at most _MAX_GROWTH times the strategies the tied ILP had in all.
+# Each pass stops within _CLOSE of its own bound. The second pass (every node) runs when
+# the first pass's plan is more than _CLOSE above the tied LP bound, and keeps at most
+# _MAX_GROWTH times the strategies the tied ILP had in all.
 _CLOSE = 1e-3
 _MAX_GROWTH = 4
 _SLACK = 1e-6  # the LP's memory row binds when it uses all but this share of the budget
@@ -119,7 +120,11 @@ def untie_under_budget(
         except InfeasibleError:  # best's plan is in it, so this does not happen
             break
         found = solve(
-            untied, solver=solver, time_limit_s=seconds, mip_gap=mip_gap, start=best.choice
+            untied,
+            solver=solver,
+            time_limit_s=seconds,
+            mip_gap=max(mip_gap, _CLOSE),
+            start=best.choice,
         )
         spent += found.solve_seconds
         if found.choice and found.objective_us < best.objective_us:
