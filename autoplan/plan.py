@@ -161,7 +161,9 @@ class Plan:
 
 def _split(ilp_size: dict[str, int]) -> str:
     split = ilp_size.get("untied", 0)
-    return f" ({split} twin classes split under the memory budget)" if split else ""
+    if not split:
+        return ""
+    return f" ({split} twin class{'es' if split > 1 else ''} split under the memory budget)"
 
 
 def _bytes(n: float) -> str:
