@@ -213,7 +213,7 @@ def plan(
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
     )
-    if config.cluster_layers and config.untie_under_budget and worth_untying(model_ilp, solution):
+    if config.untie_under_budget and worth_untying(model_ilp, solution):
         solution, split = untie_under_budget(
             ilp_costs,
             model_ilp,

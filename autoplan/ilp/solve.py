@@ -64,15 +64,23 @@ class Solution:
         return max(0.0, (self.objective_us - self.bound_us) / abs(self.objective_us))
 
 
-def _class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Each class's value per strategy (0 where it has no column; 1 on a lone strategy)."""
+def _per_class(
+    model: IlpModel, vec: np.ndarray, *, absent: float, lone: float
+) -> dict[str, np.ndarray]:
+    """Column vector ``vec`` read per class and strategy: ``absent`` where a strategy has
+    no column, ``lone`` on a class's only strategy."""
     out = {}
     for r, cols in model.emitted.class_cols.items():
-        v = np.where(cols >= 0, x[np.maximum(cols, 0)], 0.0)
+        v = np.where(cols >= 0, vec[np.maximum(cols, 0)], absent)
         if r in model.emitted.fixed:
-            v[model.emitted.fixed[r]] = 1.0
+            v[model.emitted.fixed[r]] = lone
         out[r] = v
     return out
+
+
+def _class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Each class's value per strategy (0 where it has no column; 1 on a lone strategy)."""
+    return _per_class(model, x, absent=0.0, lone=1.0)
 
 
 def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
@@ -125,18 +133,8 @@ def _prefix(
     gap = upper - bound + 1e-6 * max(1.0, abs(upper))
     dead = (lp.x <= 1e-9) & (lp.dj > gap) & (start == 0.0)  # never the incumbent's own
     stats |= {"incumbent_us": upper, "fixed": float(dead.sum())}
-    return _Prefix(bound, stats, choice, start, ~dead, values, _class_reduced(model, lp.dj))
-
-
-def _class_reduced(model: IlpModel, dj: np.ndarray) -> dict[str, np.ndarray]:
-    """Each class's LP reduced cost per strategy (inf where it has no column; 0 on a lone one)."""
-    out = {}
-    for r, cols in model.emitted.class_cols.items():
-        d = np.where(cols >= 0, dj[np.maximum(cols, 0)], np.inf)
-        if r in model.emitted.fixed:
-            d[model.emitted.fixed[r]] = 0.0
-        out[r] = d
-    return out
+    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
+    return _Prefix(bound, stats, choice, start, ~dead, values, reduced)
 
 
 # The restricted MIP of _polish keeps columns whose reduced cost is within this share of
@@ -216,7 +214,8 @@ def solve(
     """Solve ``model``; nodes with a single allowed strategy need no variable.
 
     ``start`` (a strategy per node, e.g. a plan of a more constrained model) is
-    used as the incumbent when it is valid and cheaper than the LP-rounded one.
+    used as the incumbent, with ``fixing``, when it is valid and cheaper than the
+    LP-rounded one.
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -232,10 +231,10 @@ def solve(
     bound, stats, incumbent, values, reduced = math.nan, {}, None, None, None
     status = "optimal"
     choice = {r: em.fixed.get(r, 0) for r in p.linear}
-    known = {r: int(start[r]) for r in p.linear} if start is not None else None
     if m.num_cols:
         keep = x0 = None
         if fixing:
+            known = {r: int(start[r]) for r in p.linear} if start is not None else None
             pre = _prefix(model, solver, time_limit_s, known)
             bound, stats, incumbent = pre.bound, pre.stats or {}, pre.choice
             keep, x0, values, reduced = pre.keep, pre.start, pre.lp_values, pre.lp_reduced
