@@ -25,8 +25,7 @@ from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import collapse_followers
-from autoplan.ilp.solve import solve
-from autoplan.ilp.untie import untie_under_budget, worth_untying
+from autoplan.ilp.untie import solve_untying
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
@@ -206,22 +205,16 @@ def plan(
         "pruned": model_ilp.stats.get("pruned", 0),
     }
     done = _timed(timings, "solve", progress)
-    solution = solve(
+    solution, split = solve_untying(
+        ilp_costs,
         model_ilp,
         solver=config.solver,
         time_limit_s=config.time_limit_s,
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
+        untie=config.untie_under_budget,
     )
-    if config.untie_under_budget and worth_untying(model_ilp, solution):
-        solution, split = untie_under_budget(
-            ilp_costs,
-            model_ilp,
-            solution,
-            solver=config.solver,
-            time_limit_s=config.time_limit_s,
-            mip_gap=config.mip_gap,
-        )
+    if split:
         base["ilp_size"]["untied"] = split
     done()
     if solution.status == "infeasible":

@@ -287,6 +287,20 @@ def test_allowed_single_strategy_is_chosen(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_many_lone_nodes_fold_and_match_brute_force(seed):
+    """Half the nodes kept to one strategy (as untying narrows them): every edge touching one
+    is folded away and the optimum equals brute force."""
+    costs = _random_costs(seed)
+    rng = np.random.default_rng(3000 + seed)
+    allowed = {}
+    for v, c in list(costs.compute.items())[::2]:
+        allowed[v] = np.arange(len(c)) == int(rng.integers(len(c)))
+    if _check_against_brute_force(costs, allowed=allowed) == "optimal":
+        model = build_ilp(costs, allowed=allowed)
+        assert all(e.src not in allowed and e.dst not in allowed for e in model.reduced.edges)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_allowed_masks_match_brute_force(seed):
     """Random masks on every node (each keeping >= 1 strategy) give the brute-force optimum."""
     costs = _random_costs(seed)
@@ -446,14 +460,14 @@ def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
     import torch
 
     import autoplan
-    from autoplan import planner
+    from autoplan.ilp import untie
     from autoplan.ilp.solve import Solution
 
     def stopped(model, **kwargs):
         sol = solve(model, **kwargs)
         return dataclasses.replace(sol, status="time_limit", bound_us=sol.objective_us * 0.9)
 
-    monkeypatch.setattr(planner, "solve", stopped)
+    monkeypatch.setattr(untie, "solve", stopped)
     config = autoplan.PlanConfig(time_limit_s=7.0)
     plan = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
     assert plan.status == "time_limit"

@@ -17,7 +17,7 @@ from autoplan.ilp.problem import lower, simplify
 from autoplan.ilp.prune import prune_dominated
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
-from autoplan.ilp.untie import untie_under_budget, worth_untying
+from autoplan.ilp.untie import solve_untying
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
@@ -177,12 +177,8 @@ def _objective(costs, allowed, budget, *, reduced: bool) -> tuple[float, dict]:
     # ILP's optimum, so agreeing within 0.1 % puts the two optima within 0.14 %. Both use
     # reduced-cost fixing (exact by LP duality, checked against brute force above): without
     # it the plain budgeted 2x2x2 ILP ran over 50 minutes; with it, 6 minutes.
-    sol = solve(model, solver="highs", mip_gap=2e-4)
+    sol, _ = solve_untying(costs, model, solver="highs", mip_gap=2e-4, untie=tie is not None)
     assert sol.status == "optimal"
-    if tie is not None and worth_untying(model, sol):
-        sol, _ = untie_under_budget(
-            costs, model, sol, solver="highs", time_limit_s=None, mip_gap=2e-4
-        )
     return sol.objective_us, sol.choice
 
 

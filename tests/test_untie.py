@@ -9,10 +9,17 @@ import torch
 import autoplan
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.ilp.build import build_ilp
-from autoplan.ilp.solve import solve
-from autoplan.ilp.untie import untie_under_budget, worth_untying
+from autoplan.ilp.solve import relax, solve
+from autoplan.ilp.untie import solve_untying, worth_untying
 from tests.conftest import TinyMLP
-from tests.test_ilp import _brute_force, _memory, _total
+from tests.test_ilp import (
+    FEASIBLE_MEMORY_SEEDS,
+    _brute_force,
+    _combos,
+    _memory,
+    _random_costs,
+    _total,
+)
 
 
 def _stack(num_layers: int, seed: int, *, coupled: bool) -> CostTable:
@@ -47,11 +54,8 @@ def _tie_layers(costs: CostTable) -> dict[str, str]:
 
 def _tied_then_untied(costs: CostTable, budget: float):
     model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
-    tied = solve(model)
-    assert worth_untying(model, tied)
-    return tied, untie_under_budget(
-        costs, model, tied, solver="cbc", time_limit_s=None, mip_gap=0.0
-    )
+    assert worth_untying(model, relax(model))
+    return solve(model), solve_untying(costs, model)
 
 
 def _budget(costs: CostTable, share: float) -> float:
@@ -85,14 +89,14 @@ def test_nothing_to_untie_without_a_budget():
     """With no budget the tied plan stands: no LP mix to split."""
     costs = _stack(3, 0, coupled=False)
     model = build_ilp(costs, tie=_tie_layers(costs))
-    assert not worth_untying(model, solve(model))
+    assert not worth_untying(model, relax(model))
 
 
 def test_nothing_to_untie_when_the_budget_does_not_bind():
     """A budget above every plan's footprint leaves the LP's memory row slack: no untying."""
     costs = _stack(3, 0, coupled=False)
     model = build_ilp(costs, memory_budget_bytes=_budget(costs, 1.5), tie=_tie_layers(costs))
-    assert not worth_untying(model, solve(model))
+    assert not worth_untying(model, relax(model))
 
 
 def test_planner_unties_a_budgeted_mlp_stack_to_the_untied_optimum():
@@ -116,3 +120,22 @@ def test_planner_unties_a_budgeted_mlp_stack_to_the_untied_optimum():
     assert untied.memory_bytes <= 1.5 * 2**20
     assert tied_only.objective_us > plain.objective_us * 1.01
     assert untied.objective_us == pytest.approx(plain.objective_us, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", FEASIBLE_MEMORY_SEEDS)
+def test_cutoff_keeps_every_plan_cheaper_than_it(seed):
+    """A cutoff above the optimum still finds it (with more columns fixed); one below it
+    returns a valid plan no cheaper than the optimum, still proved optimal."""
+    costs = _random_costs(seed, memory=True)
+    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    budget = footprints[len(footprints) // 2]
+    best = _brute_force(costs, budget=budget)
+    model = build_ilp(costs, memory_budget_bytes=budget)
+    plain = solve(model)
+    above = solve(model, cutoff=best * 1.001 + 1e-3)
+    assert above.status == "optimal" and above.objective_us == pytest.approx(best)
+    assert above.stats.get("fixed", 0) >= plain.stats.get("fixed", 0)
+    below = solve(model, cutoff=best * 0.9)
+    assert below.status == "optimal" and below.objective_us >= best - 1e-9
+    assert _total(costs, below.choice) == pytest.approx(below.objective_us)
+    assert _memory(costs, below.choice) <= budget

@@ -15,6 +15,11 @@ using such a variable costs at least ``LB + d_j > UB`` (LP duality), so no
 plan cheaper than the incumbent is cut off, and the incumbent itself stays.
 The memory row makes the LP fractional and the branch and bound long; on
 LLaMA3-8B the fixing drops two thirds of the variables and most of the tree.
+
+The relaxation is its own step (:func:`relax`, then ``solve(relaxed=...)``) so
+that the untie stage (:mod:`autoplan.ilp.untie`) can run between the two and
+hand the MIP a ``cutoff``: a plan known to cost that much replaces UB in the
+test above when it is lower.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from autoplan.ilp.backends import SOLVERS, check_solver, run
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, from_lp, memory_of
 
-__all__ = ["SOLVERS", "Solution", "solve"]
+__all__ = ["SOLVERS", "Relaxation", "Solution", "relax", "solve"]
 
 
 @dataclass(frozen=True)
@@ -96,45 +101,76 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
 
 
 @dataclass
-class _Prefix:
-    """What the LP relaxation and the incumbent give the MIP."""
+class Relaxation:
+    """What the LP relaxation and the incumbent give the MIP (:func:`relax`).
+
+    ``bound`` is the LP bound; ``choice`` the incumbent plan per class (None when the
+    rounding found none) and ``start`` its column values; ``x`` and ``dj`` the LP's
+    column values and reduced costs; ``lp_values`` and ``lp_reduced`` the same per class
+    (see :class:`Solution`); ``seconds`` the time it took.
+    """
 
     bound: float = math.nan
     stats: dict[str, float] | None = None
-    choice: dict[str, int] | None = None  # the incumbent plan per class
-    start: np.ndarray | None = None  # its column values: the warm start
-    keep: np.ndarray | None = None  # the columns the MIP keeps (None: all)
+    choice: dict[str, int] | None = None
+    start: np.ndarray | None = None
+    x: np.ndarray | None = None
+    dj: np.ndarray | None = None
     lp_values: dict[str, np.ndarray] | None = None
     lp_reduced: dict[str, np.ndarray] | None = None
+    seconds: float = 0.0
+
+    @property
+    def upper(self) -> float:
+        """The incumbent's cost (inf without one)."""
+        return (self.stats or {}).get("incumbent_us", math.inf)
+
+    def keep(self, cutoff: float = math.inf) -> np.ndarray | None:
+        """The columns a plan cheaper than both the incumbent and ``cutoff`` may use, by the
+        LP's reduced costs, and the incumbent's own (None: no incumbent, keep all)."""
+        if self.choice is None or self.x is None or self.dj is None or self.start is None:
+            return None
+        upper = min(self.upper, cutoff)
+        # margin for the LP's tolerances, far below any price difference that matters
+        gap = upper - self.bound + 1e-6 * max(1.0, abs(upper))
+        return ~((self.x <= 1e-9) & (self.dj > gap) & (self.start == 0.0))
 
 
-def _prefix(
-    model: IlpModel, solver: str, time_limit_s: float | None, known: dict[str, int] | None
-) -> _Prefix:
-    """LP bound, incumbent (the rounded LP plan, polished, or ``known`` if cheaper) and
-    the columns its reduced costs let the MIP drop."""
-    m = model.emitted.matrix
+def relax(
+    model: IlpModel,
+    *,
+    solver: str = "cbc",
+    time_limit_s: float | None = None,
+    start: Mapping[str, int] | None = None,
+) -> Relaxation:
+    """LP bound, incumbent (the rounded LP plan, polished, or ``start``, a strategy per
+    class, when cheaper) and the reduced costs that let the MIP drop columns."""
+    check_solver(solver)
+    began = time.perf_counter()
+    m, p = model.emitted.matrix, model.reduced
+    if model.infeasible or not m.num_cols:
+        return Relaxation()
     lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
     if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return _Prefix()
+        return Relaxation(seconds=time.perf_counter() - began)
     bound = float(m.cost @ lp.x) + m.offset
     values = _class_values(model, lp.x)
-    found = from_lp(model.reduced, values)
-    if known is not None:
+    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
+    found = from_lp(p, values)
+    if start is not None:
+        known = {r: int(start[r]) for r in p.linear}
         cost = _valid_cost(model, known)
         if found is None or cost < found[1]:
             found = known, cost
-    if found is None:
-        return _Prefix(bound, {"lp_bound_us": bound})
-    choice, upper = found
-    stats = {"lp_bound_us": bound, "rounded_us": upper}
-    choice, upper, start = _polish(model, solver, lp.x, lp.dj, bound, choice, upper, time_limit_s)
-    # margin for the LP's tolerances, far below any price difference that matters
-    gap = upper - bound + 1e-6 * max(1.0, abs(upper))
-    dead = (lp.x <= 1e-9) & (lp.dj > gap) & (start == 0.0)  # never the incumbent's own
-    stats |= {"incumbent_us": upper, "fixed": float(dead.sum())}
-    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
-    return _Prefix(bound, stats, choice, start, ~dead, values, reduced)
+    stats: dict[str, float] = {"lp_bound_us": bound}
+    choice = x0 = None
+    if found is not None:
+        choice, upper = found
+        stats["rounded_us"] = upper
+        choice, upper, x0 = _polish(model, solver, lp.x, lp.dj, bound, choice, upper, time_limit_s)
+        stats["incumbent_us"] = upper
+    seconds = time.perf_counter() - began
+    return Relaxation(bound, stats, choice, x0, lp.x, lp.dj, values, reduced, seconds)
 
 
 # The restricted MIP of _polish keeps columns whose reduced cost is within this share of
@@ -210,12 +246,18 @@ def solve(
     mip_gap: float = 0.0,
     fixing: bool = True,
     start: Mapping[str, int] | None = None,
+    relaxed: Relaxation | None = None,
+    cutoff: float = math.inf,
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable.
 
-    ``start`` (a strategy per node, e.g. a plan of a more constrained model) is
-    used as the incumbent, with ``fixing``, when it is valid and cheaper than the
-    LP-rounded one.
+    With ``fixing``, the MIP runs after :func:`relax` (or on ``relaxed``, its result
+    computed before; its seconds count in the solution's). ``start`` (a strategy per
+    class, e.g. a plan of a more constrained model) is used as the incumbent when it is
+    valid and cheaper than the LP-rounded one. ``cutoff`` is the cost of a plan known
+    from elsewhere (an untied one, :mod:`autoplan.ilp.untie`): the MIP then only looks
+    for plans cheaper than it, and the plan returned may cost more than ``cutoff``
+    (the incumbent, when no cheaper plan exists).
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -228,19 +270,22 @@ def solve(
         return Solution("infeasible", float("nan"), {}, 0.0, solver)
     em, p = model.emitted, model.reduced
     m = em.matrix
-    bound, stats, incumbent, values, reduced = math.nan, {}, None, None, None
+    pre = Relaxation()
     status = "optimal"
     choice = {r: em.fixed.get(r, 0) for r in p.linear}
+    if fixing and m.num_cols:
+        if relaxed is None:
+            relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, start=start)
+        pre = relaxed
+    spent = pre.seconds
+    bound, stats, incumbent = pre.bound, dict(pre.stats or {}), pre.choice
     if m.num_cols:
-        keep = x0 = None
-        if fixing:
-            known = {r: int(start[r]) for r in p.linear} if start is not None else None
-            pre = _prefix(model, solver, time_limit_s, known)
-            bound, stats, incumbent = pre.bound, pre.stats or {}, pre.choice
-            keep, x0, values, reduced = pre.keep, pre.start, pre.lp_values, pre.lp_reduced
+        keep, x0 = pre.keep(cutoff), pre.start
+        if keep is not None:
+            stats["fixed"] = float((~keep).sum())
         left = time_limit_s
         if time_limit_s is not None:
-            left = max(1.0, time_limit_s - (time.perf_counter() - start_time))
+            left = max(1.0, time_limit_s - spent - (time.perf_counter() - start_time))
         # Fixed columns are left out of the MIP altogether: a smaller model to write and presolve.
         sub = m.columns(keep) if keep is not None else m
         if keep is not None and x0 is not None:
@@ -249,7 +294,7 @@ def solve(
         if math.isfinite(result.bound):
             bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
         # The cheaper valid plan of the solver's answer and the incumbent it started from;
-        # each is priced once, exactly (the incumbent's price is the prefix's).
+        # each is priced once, exactly (the incumbent's price is the relaxation's).
         found, cost = None, math.inf
         if result.x is not None:
             x = np.zeros(m.num_cols)
@@ -257,16 +302,18 @@ def solve(
             found = _read_choice(model, x)
             cost = _valid_cost(model, found)
             status = "optimal" if result.status == "optimal" else "time_limit"
-        if incumbent is not None and stats["incumbent_us"] < cost:
+        if incumbent is not None and pre.upper < cost:
             if not math.isfinite(cost):  # the solver gave no valid plan
                 status = "time_limit"
-            found, cost = incumbent, stats["incumbent_us"]
+            found, cost = incumbent, pre.upper
         if not math.isfinite(cost):
-            seconds = time.perf_counter() - start_time
+            seconds = spent + time.perf_counter() - start_time
             return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
         choice = found
     else:
         cost = _valid_cost(model, choice)
     nodes = {v: choice[r] for v, r in p.rep.items()}
-    seconds = time.perf_counter() - start_time
-    return Solution(status, cost, nodes, seconds, solver, bound, stats, values, reduced)
+    seconds = spent + time.perf_counter() - start_time
+    return Solution(
+        status, cost, nodes, seconds, solver, bound, stats, pre.lp_values, pre.lp_reduced
+    )
