@@ -223,6 +223,12 @@ def plan(
             "and memory_budget_gib together; relax one of them.",
             base,
         )
+    if not solution.choice:
+        raise ValueError(
+            f"plan.time_limit_s ({config.time_limit_s} s): the solver stopped before it "
+            "found any plan (the LP relaxation alone takes longer on this model); raise "
+            "plan.time_limit_s."
+        )
     if solution.status == "time_limit":
         gap = solution.gap
         base["message"] = (

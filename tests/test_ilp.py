@@ -476,3 +476,17 @@ def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
     assert Solution("time_limit", 110.0, {}, 1.0, "cbc", bound_us=100.0).gap == pytest.approx(
         10 / 110
     )
+
+
+def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, mesh8, monkeypatch):
+    """No plan at all by the time limit (LP and MIP both stopped) is a clear error, not "infeasible"."""
+    import torch
+
+    import autoplan
+    from autoplan.ilp import solve as solve_module
+    from autoplan.ilp.backends import RunResult
+
+    monkeypatch.setattr(solve_module, "run", lambda *a, **k: RunResult("stopped", None))
+    config = autoplan.PlanConfig(time_limit_s=2.0)
+    with pytest.raises(ValueError, match=r"plan.time_limit_s \(2.0 s\).*raise plan.time_limit_s"):
+        autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)

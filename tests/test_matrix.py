@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -228,3 +229,20 @@ def test_routed_problems_are_laid_out_as_flows():
         isinstance(cols, _Flow) for s in range(25) for cols in emit(_routed_problem(s)).edge_cols
     )
     assert flows >= 10
+
+
+def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
+    """A CBC that ignores -sec (it can, after a timed-out -dualS) is stopped past the limit
+    and its grace, and the run reports no solution instead of hanging the planner."""
+    from autoplan.ilp import backends
+
+    slow = tmp_path / "cbc"
+    slow.write_text("#!/bin/sh\nsleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(backends, "cbc_path", lambda: str(slow))
+    monkeypatch.setattr(backends, "_GRACE_S", 0.5)
+    p = _random_problem(0)
+    began = time.perf_counter()
+    result = backends.run(_model(p).emitted.matrix, "cbc", mip=True, time_limit_s=0.2, mip_gap=0.0)
+    assert result.status == "stopped" and result.x is None
+    assert time.perf_counter() - began < 10

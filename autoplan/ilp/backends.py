@@ -26,6 +26,8 @@ import pulp
 from autoplan.ilp.matrix import Matrix
 
 SOLVERS = ("cbc", "highs")
+# Seconds CBC may run past its time limit before it is stopped (see _run_cbc).
+_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,18 @@ def _run_cbc(
         args += ["-solve"] if mip else []
         args += ["-printingOptions", "all"]
         args += ["-solution", sol]
-        done = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # CBC does not always keep to -sec: when the -dualS solve of a MIP's LP stops on
+        # time, its -solve then runs unbounded (seen on LLaMA3-70B: > 10 min at -sec 1).
+        # Past the limit and a grace for writing the solution, it is stopped here.
+        wait = None
+        if time_limit_s is not None:
+            wait = time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
+        try:
+            done = subprocess.run(
+                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=wait
+            )
+        except subprocess.TimeoutExpired:
+            return RunResult("stopped", None)
         if done.returncode != 0 or not os.path.exists(sol):
             tail = "\n".join(done.stdout.splitlines()[-5:])
             raise RuntimeError(f"CBC ({args[0]}) failed with exit code {done.returncode}: {tail}")

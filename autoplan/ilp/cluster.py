@@ -58,15 +58,19 @@ def _array_key(a: np.ndarray) -> bytes:
     return np.round(np.asarray(a, dtype=np.float64), 6).tobytes() + str(a.shape).encode()
 
 
-def edge_key(e: EdgeCost) -> str:
-    """What an edge costs, independent of which nodes it joins."""
-    return _digest(
-        str(e.slot),
-        str(e.src_out),
-        _array_key(e.cost),
-        e.src_group.tobytes(),
-        e.dst_group.tobytes(),
-    )
+def edge_key(e: EdgeCost, prices: dict[int, str] | None = None) -> str:
+    """What an edge costs, independent of which nodes it joins.
+
+    ``prices`` memoizes the digest of each price matrix by identity: edges of one
+    placement pair and shape share one matrix object (the pricer caches it), and on
+    LLaMA3-70B hashing each edge's copy again was most of this stage.
+    """
+    price = prices.get(id(e.cost)) if prices is not None else None
+    if price is None:
+        price = _digest(_array_key(e.cost))
+        if prices is not None:
+            prices[id(e.cost)] = price
+    return _digest(str(e.slot), str(e.src_out), price, e.src_group.tobytes(), e.dst_group.tobytes())
 
 
 def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
@@ -76,7 +80,8 @@ def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
     for e in costs.edges:
         in_edges[e.dst].append(e)
         out_edges[e.src].append(e)
-    keys = {id(e): edge_key(e) for e in costs.edges}
+    prices: dict[int, str] = {}  # valid while costs holds the matrices
+    keys = {id(e): edge_key(e, prices) for e in costs.edges}
     label: dict[str, str] = {}
     for v, c in costs.compute.items():
         mem = costs.memory.get(v)

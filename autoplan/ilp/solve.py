@@ -40,7 +40,8 @@ __all__ = ["SOLVERS", "Relaxation", "Solution", "relax", "solve"]
 
 @dataclass(frozen=True)
 class Solution:
-    """What the solver found. ``choice`` is empty unless a solution exists.
+    """What the solver found. ``choice`` is empty unless a solution exists: with status
+    ``infeasible`` none does, with ``time_limit`` the solver stopped before it found one.
 
     ``bound_us`` is a proven lower bound on the optimum (nan when unknown);
     ``stats`` says what the reduced-cost fixing did. ``lp_values[r]`` and
@@ -308,7 +309,9 @@ def solve(
             found, cost = incumbent, pre.upper
         if not math.isfinite(cost):
             seconds = spent + time.perf_counter() - start_time
-            return Solution("infeasible", float("nan"), {}, seconds, solver, stats=stats)
+            # no plan: proved, or the solver stopped on time before it found one
+            status = "infeasible" if result.status == "infeasible" else "time_limit"
+            return Solution(status, float("nan"), {}, seconds, solver, bound, stats=stats)
         choice = found
     else:
         cost = _valid_cost(model, choice)
