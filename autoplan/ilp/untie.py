@@ -58,7 +58,7 @@ _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's to
 _CLOSE = 1e-3
 _MAX_GROWTH = 4
 _SLACK = 1e-6  # the LP's memory row binds when it uses all but this share of the budget
-# The untied solve may take this many times the tied solve's seconds (at least _MIN_S).
+# The untied solve may take this many times the tied relaxation's seconds (at least _MIN_S).
 _TIME_SHARE = 1.0
 _MIN_S = 2.0
 
