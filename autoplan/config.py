@@ -53,9 +53,8 @@ class PlanConfig:
     :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
     untie_under_budget: bool = True
     """With ``cluster_layers`` and a memory budget the LP relaxation spends in full, let
-    twin layers take different strategies where that is cheaper (an untied ILP between the
-    tied LP and the tied MIP)
-    (see :mod:`autoplan.ilp.untie`); never a dearer plan."""
+    twin layers take different strategies where that is cheaper: an untied ILP runs between
+    the tied LP and the tied MIP (see :mod:`autoplan.ilp.untie`); never a dearer plan."""
     prune_dominated: bool = True
     """Drop strategies another strategy of the same node beats in compute, memory and
     every incident move before solving (see :mod:`autoplan.ilp.prune`); exact."""
