@@ -44,10 +44,7 @@ class Solution:
     ``infeasible`` none does, with ``time_limit`` the solver stopped before it found one.
 
     ``bound_us`` is a proven lower bound on the optimum (nan when unknown);
-    ``stats`` says what the reduced-cost fixing did. ``lp_values[r]`` and
-    ``lp_reduced[r]`` are the LP relaxation's value and reduced cost of each of
-    class r's strategies (None without fixing; a lone strategy has value 1 and
-    reduced cost 0, one that cannot be chosen inf).
+    ``stats`` says what the reduced-cost fixing did.
     """
 
     status: str  # "optimal" | "time_limit" | "infeasible"
@@ -57,8 +54,6 @@ class Solution:
     solver: str
     bound_us: float = math.nan
     stats: dict[str, float] | None = None
-    lp_values: dict[str, np.ndarray] | None = None
-    lp_reduced: dict[str, np.ndarray] | None = None
 
     @property
     def gap(self) -> float:
@@ -101,14 +96,15 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
     return x
 
 
-@dataclass
+@dataclass(frozen=True)
 class Relaxation:
     """What the LP relaxation and the incumbent give the MIP (:func:`relax`).
 
     ``bound`` is the LP bound; ``choice`` the incumbent plan per class (None when the
     rounding found none) and ``start`` its column values; ``x`` and ``dj`` the LP's
-    column values and reduced costs; ``lp_values`` and ``lp_reduced`` the same per class
-    (see :class:`Solution`); ``seconds`` the time it took.
+    column values and reduced costs; ``lp_values[r]`` and ``lp_reduced[r]`` the same per
+    strategy of class r (a lone strategy has value 1 and reduced cost 0, one that cannot
+    be chosen value 0 and reduced cost inf); ``seconds`` the time it took.
     """
 
     bound: float = math.nan
@@ -254,7 +250,7 @@ def solve(
     With ``fixing``, the MIP runs after :func:`relax` (or on ``relaxed``, its result
     computed before; its seconds count in the solution's). ``start`` (a strategy per
     class, e.g. a plan of a more constrained model) is used as the incumbent when it is
-    valid and cheaper than the LP-rounded one. ``cutoff`` is the cost of a plan known
+    valid and cheaper than the LP-rounded one (by :func:`relax`, so not with ``relaxed``). ``cutoff`` is the cost of a plan known
     from elsewhere (an untied one, :mod:`autoplan.ilp.untie`): the MIP then only looks
     for plans cheaper than it, and the plan returned may cost more than ``cutoff``
     (the incumbent, when no cheaper plan exists).
@@ -318,6 +314,4 @@ def solve(
         cost = _valid_cost(model, choice)
     nodes = {v: choice[r] for v, r in p.rep.items()}
     seconds = spent + time.perf_counter() - start_time
-    return Solution(
-        status, cost, nodes, seconds, solver, bound, stats, pre.lp_values, pre.lp_reduced
-    )
+    return Solution(status, cost, nodes, seconds, solver, bound, stats)
