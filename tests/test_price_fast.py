@@ -200,3 +200,21 @@ def test_unfused_reduce_scatter_when_the_dim_does_not_divide():
         assert found is not None and len(found) == count, shape
         want = _Oracle((2, 2)).cost_us((p, p), (s0, s0), shape, 2)
         assert pricer.matrix([(p, p)], [(s0, s0)], shape, 2)[0, 0] == want
+
+
+def test_moves_on_different_dims_share_a_walk_only_where_the_dims_divide_alike():
+    """PP -> S(0)S(0) and PP -> S(1)S(1) on 2x2 fuse into one reduce-scatter only when their
+    own dim divides by 4: one pricer asked about (6, 8) and then (8, 6) prices each as the
+    oracle does, and S(0)S(1) -> S(1)S(0) costs what S(1)S(0) -> S(0)S(1) does (one walk)."""
+    mesh = (2, 2)
+    pricer = EdgePricer(RedistributeModel(mesh, CollectiveModel(Topology())))
+    oracle = _Oracle(mesh)
+    p, s0, s1 = Partial(), Shard(0), Shard(1)
+    cols = [(s0, s0), (s1, s1)]
+    for shape in [(6, 8), (8, 6), (6, 8)]:
+        got = pricer.matrix([(p, p)], cols, shape, 2)[0]
+        want = [oracle.cost_us((p, p), c, shape, 2) for c in cols]
+        assert got.tolist() == want, shape
+    swap = pricer.matrix([(s0, s1), (s1, s0)], [(s1, s0), (s0, s1)], (8, 8), 2)
+    assert swap[0, 0] == swap[1, 1] > 0
+    assert swap[0, 0] == oracle.cost_us((s0, s1), (s1, s0), (8, 8), 2)
