@@ -33,14 +33,13 @@ import torch
 from torch import fx
 
 from autoplan.graph import map_args, static_args, tensor_args
-from autoplan.placements import Placements, is_even
+from autoplan.placements import Placements, is_even, is_strided, sharded_dim
 from autoplan.strategies.dtensor import (
     DeviceMesh,
     Partial,
     Placement,
     Replicate,
     Shard,
-    _StridedShard,
     einsum_rules,
     fill_placeholders,
     has_op_strategy,
@@ -95,9 +94,7 @@ MM_FAMILY = frozenset(
 
 
 def has_strided(s: Strategy) -> bool:
-    return any(
-        isinstance(p, _StridedShard) for ps in (*s.outs, *s.ins) if ps is not None for p in ps
-    )
+    return any(is_strided(p) for ps in (*s.outs, *s.ins) if ps is not None for p in ps)
 
 
 def _strided_after_shard(placements: Placements) -> bool:
@@ -109,10 +106,12 @@ def _strided_after_shard(placements: Placements) -> bool:
     """
     seen: set[int] = set()
     for p in placements:
-        if isinstance(p, _StridedShard) and p.dim in seen:
+        d = sharded_dim(p)
+        if d is None:
+            continue
+        if is_strided(p) and d in seen:
             return True
-        if isinstance(p, (Shard, _StridedShard)):
-            seen.add(p.dim)
+        seen.add(d)
     return False
 
 
@@ -126,11 +125,11 @@ def _keep_placement(p: Placement | None) -> bool:
     return not isinstance(p, Partial) or p.reduce_op == "sum"
 
 
-def _placeholder_candidates(info: TensorInfo, mesh_shape: Sequence[int]) -> list[Placements]:
-    per_axis = [Replicate()] + [Shard(d) for d, s in enumerate(info.shape) if s > 1]
+def _placeholder_candidates(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[Placements]:
+    per_axis = [Replicate()] + [Shard(d) for d, s in enumerate(shape) if s > 1]
     out = []
     for combo in itertools.product(per_axis, repeat=len(mesh_shape)):
-        if is_even(info.shape, combo, mesh_shape):
+        if is_even(shape, combo, mesh_shape):
             out.append(tuple(combo))
     return out
 
@@ -155,6 +154,8 @@ class _Enumerator:
         self.masked: dict[tuple[Any, ...], Placement] = {}
         self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
         self.fallback: dict[str, None] = {}
+        self._infos: dict[fx.Node, TensorInfo | None] = {}  # first output's, per node
+        self._placeholders: dict[tuple[int, ...], tuple[Strategy, ...]] = {}
         self.kinds = {n: "param" for n in traced.params}
         self.kinds |= {n: "buffer" for n in traced.buffers}
         self.kinds |= {n: "input" for n in traced.inputs}
@@ -185,11 +186,10 @@ class _Enumerator:
     def _node(self, node: fx.Node) -> NodeStrategies | None:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            info = _tensor_info(val)
+            info = self._infos[node] = _tensor_info(val)
             assert info is not None, f"placeholder {node.name} is not a tensor"
-            strategies = tuple(
-                Strategy(outs=(p,), ins=()) for p in _placeholder_candidates(info, self.mesh_shape)
-            )
+            # one shared tuple per shape: the 80 layers' weights ask the same question
+            strategies = self._placeholder_strategies(info.shape)
             return NodeStrategies(
                 node.name, "placeholder", self.kinds[node.name], (), (), (info,), strategies
             )
@@ -201,11 +201,12 @@ class _Enumerator:
             return None
         outs = val if isinstance(val, (tuple, list)) else (val,)
         out_infos = tuple(_tensor_info(v) for v in outs)
+        self._infos[node] = out_infos[0]
         if all(i is None for i in out_infos):
             return None
         in_nodes = tensor_args(node)
         inputs = tuple(InputRef(a.name, 0) for a in in_nodes)
-        in_infos = tuple(_tensor_info(a.meta["val"]) for a in in_nodes)
+        in_infos = tuple(self._info(a) for a in in_nodes)
         # Identical layers ask identical questions: answer each once per run.
         key = (
             node.target,
@@ -234,6 +235,20 @@ class _Enumerator:
             free=node.target in FREE_OPS,
             pointwise=torch.Tag.pointwise in node.target.tags,
         )
+
+    def _info(self, node: fx.Node) -> TensorInfo | None:
+        """The tensor metadata of ``node``'s value, read once per node."""
+        if node not in self._infos:
+            self._infos[node] = _tensor_info(node.meta["val"])
+        return self._infos[node]
+
+    def _placeholder_strategies(self, shape: tuple[int, ...]) -> tuple[Strategy, ...]:
+        found = self._placeholders.get(shape)
+        if found is None:
+            found = self._placeholders[shape] = tuple(
+                Strategy(outs=(p,), ins=()) for p in _placeholder_candidates(shape, self.mesh_shape)
+            )
+        return found
 
     def _strategies_uncached(
         self,
@@ -320,7 +335,7 @@ class _Enumerator:
         seen: set[Placement] = set()
         for a in in_nodes if strided else ():
             for cand in self._candidates(a):
-                seen.update(p for p in cand if isinstance(p, _StridedShard))
+                seen.update(p for p in cand if is_strided(p))
         filled = [r for r in fill_placeholders(rules, seen) if all(map(_keep_placement, r))]
         width = num_outs + len(in_nodes)
         filled = [r for r in filled if len(r) == width]
