@@ -204,13 +204,14 @@ def emit(p: Problem) -> Emitted:
         class_cols[r] = cols
     num_int = num_cols
     edge_cols: list[np.ndarray | _Flow] = []
+    networks: dict[tuple[int, bytes, bytes], Network] = {}
     for e in p.edges:
         finite = np.isfinite(e.cost)
         # A flow when the network's moves are fewer than the pairs (measured on LLaMA3-70B:
         # deciding on the moves left after _flow_network's pruning turns more small edges
         # into flows, adds rows, and the LP took longer)
         if e.net is not None and len(e.net.arc_src) < finite.sum():
-            net = _flow_network(e)
+            net = _flow_network(e, networks)
             flow = _Flow(num_cols, net, e.row_state, e.col_state)
             costs.append(net.arc_cost)
             num_cols += len(net.arc_cost)
@@ -259,10 +260,18 @@ def emit(p: Problem) -> Emitted:
     return Emitted(matrix, class_cols, edge_cols, infeasible, fixed)
 
 
-def _flow_network(e: Edge) -> Network:
-    """The moves edge e's flow may use: those on cheapest routes from its rows to its columns."""
+def _flow_network(e: Edge, memo: dict[tuple[int, bytes, bytes], Network]) -> Network:
+    """The moves edge e's flow may use: those on cheapest routes from its rows to its columns.
+
+    Edges of twin tensors share a network and often their states: ``memo`` (keyed by the
+    network's identity, for one :func:`emit`) prunes it once for them.
+    """
     assert e.net is not None and e.row_state is not None and e.col_state is not None
-    return e.net.between(np.unique(e.row_state), np.unique(e.col_state))
+    sources, sinks = np.unique(e.row_state), np.unique(e.col_state)
+    key = (id(e.net), sources.tobytes(), sinks.tobytes())
+    if key not in memo:
+        memo[key] = e.net.between(sources, sinks)
+    return memo[key]
 
 
 def _flow_rows(

@@ -274,7 +274,11 @@ def plain_size(costs: CostTable, budget: bool) -> tuple[int, int]:
     """
     num_vars = sum(int(np.isfinite(c).sum()) for c in costs.compute.values())
     num_cons = len(costs.compute) + int(budget and bool(costs.memory))
+    finite: dict[int, int] = {}  # twin edges share their price matrix: count it once
     for e in costs.edges:
-        num_vars += int(np.isfinite(e.cost).sum())
+        n = finite.get(id(e.cost))
+        if n is None:
+            n = finite[id(e.cost)] = int(np.isfinite(e.cost).sum())
+        num_vars += n
         num_cons += e.cost.shape[0] + e.cost.shape[1]
     return num_vars, num_cons

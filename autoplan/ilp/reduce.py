@@ -23,6 +23,7 @@ graphs. It removes most nodes of a transformer graph and their edge matrices.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -68,9 +69,31 @@ def _same_cols(e: EdgeCost, memo: dict[tuple[int, int], np.ndarray]) -> np.ndarr
 
 
 def _follow_map(
+    in_edge: EdgeCost,
+    compute_v: np.ndarray,
+    memo: dict[tuple[int, int], np.ndarray],
+    maps: dict[tuple[Any, ...], np.ndarray | None],
+) -> np.ndarray | None:
+    """j(i) for each producer strategy i, or None if some placement cannot pass through.
+
+    Twin edges into twin followers ask the same question: ``maps`` answers it once.
+    """
+    key = (
+        id(in_edge.src_placements),
+        id(in_edge.dst_placements),
+        id(in_edge.cost),
+        in_edge.src_group.tobytes(),
+        in_edge.dst_group.tobytes(),
+        compute_v.tobytes(),
+    )
+    if key not in maps:
+        maps[key] = _follow_map_uncached(in_edge, compute_v, memo)
+    return maps[key]
+
+
+def _follow_map_uncached(
     in_edge: EdgeCost, compute_v: np.ndarray, memo: dict[tuple[int, int], np.ndarray]
 ) -> np.ndarray | None:
-    """j(i) for each producer strategy i, or None if some placement cannot pass through."""
     col = _same_cols(in_edge, memo)
     if (col < 0).any() or (in_edge.cost[np.arange(len(col)), col] != 0.0).any():
         return None  # every row stands for at least one producer strategy
@@ -108,6 +131,7 @@ def collapse_followers(
 
     followed: dict[str, EdgeCost] = {}
     memo: dict[tuple[int, int], np.ndarray] = {}
+    maps: dict[tuple[Any, ...], np.ndarray | None] = {}
     for v, ns in table.nodes.items():
         edges = [e for e in in_edges.get(v, []) if e.slot != GRAD_SLOT]
         if ns.kind != "op" or v in keep or not edges or len(edges) != len(in_edges.get(v, [])):
@@ -116,7 +140,7 @@ def collapse_followers(
             continue
         # follow the largest input: the tensor a redistribution would move most bytes of
         e = max(edges, key=lambda x: (_numel(x), -x.slot))
-        u_map = _follow_map(e, compute[v], memo)
+        u_map = _follow_map(e, compute[v], memo, maps)
         if u_map is None:
             continue
         root, to_u = resolve(e.src)
