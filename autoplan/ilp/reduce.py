@@ -82,8 +82,8 @@ def _follow_map(
         id(in_edge.src_placements),
         id(in_edge.dst_placements),
         id(in_edge.cost),
-        in_edge.src_group.tobytes(),
-        in_edge.dst_group.tobytes(),
+        id(in_edge.src_group),
+        id(in_edge.dst_group),
         compute_v.tobytes(),
     )
     if key not in maps:
