@@ -7,9 +7,12 @@ that reproduces each row.
     python scripts/bench.py                       # the default matrix
     python scripts/bench.py --row configs/tiny.yaml:einsum
     python scripts/bench.py --row configs/llama3_8b.yaml:native:cbc:plan.time_limit_s=300
+    python scripts/bench.py --repeat 3             # each row 3 times, the median of each figure
 
 A row is ``CONFIG[:MODE[:SOLVER[:KEY=VALUE,...]]]``; the KEY=VALUE pairs are
-run-file overrides, as ``autoplan plan --set`` takes them.
+run-file overrides, as ``autoplan plan --set`` takes them. With ``--repeat N``
+each row runs N times and every time and RSS figure is the median of its N
+values (on a shared 2-core machine one run's phases move by 10-40 %).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -86,6 +90,22 @@ def _run_row(spec: str) -> dict:
     return row
 
 
+def _median(runs: list[dict]) -> dict:
+    """The first run, with each phase time, the wall time and the RSS the median of all."""
+    row = dict(runs[0])
+    row["timings"] = {
+        p: statistics.median(r["timings"][p] for r in runs) for p in runs[0]["timings"]
+    }
+    # post-trace is the median of the runs' own sums, not the sum of the phase medians
+    row["post_s"] = statistics.median(
+        sum(v for k, v in r["timings"].items() if k != "trace") for r in runs
+    )
+    for key in ("wall_s", "rss_gb"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["runs"] = len(runs)
+    return row
+
+
 def _size(ilp: dict, pre: str) -> str:
     return f"{ilp.get(pre + 'variables', 0)} / {ilp.get(pre + 'constraints', 0)}"
 
@@ -100,7 +120,7 @@ def _table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         t = r["timings"]
-        post = sum(v for k, v in t.items() if k != "trace")
+        post = r.get("post_s", sum(v for k, v in t.items() if k != "trace"))
         lines.append(
             f"| {Path(r['config']).stem} | {r.get('layers')} | {r['mode']} | {r['solver']} | "
             + " | ".join(f"{t.get(p, 0):.2f}" for p in PHASES)
@@ -112,7 +132,11 @@ def _table(rows: list[dict]) -> str:
 
 
 def _commands(rows: list[dict]) -> str:
-    return "\n".join(f"- `python scripts/bench.py --row {r['spec']}`" for r in rows)
+    return "\n".join(
+        f"- `python scripts/bench.py --row {r['spec']}"
+        + (f" --repeat {r['runs']}`" if r.get("runs", 1) > 1 else "`")
+        for r in rows
+    )
 
 
 def main() -> None:
@@ -122,12 +146,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--row", action="append", help="CONFIG[:MODE[:SOLVER[:K=V,...]]]")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per row; figures are their medians"
+    )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be 1 or more, got {args.repeat}")
     rows = []
     for spec in args.row or DEFAULT_ROWS:
         print(f"running {spec} ...", flush=True)
         try:
-            rows.append(_run_row(spec))
+            runs = []
+            for k in range(args.repeat):
+                runs.append(_run_row(spec))
+                if args.repeat > 1:
+                    print(f"  run {k + 1}/{args.repeat}: {_table(runs[-1:]).splitlines()[-1]}")
+            rows.append(_median(runs))
         except subprocess.CalledProcessError as exc:
             print(f"failed: {spec}\n{exc.stderr[-2000:]}", flush=True)
             continue
@@ -139,7 +173,15 @@ def main() -> None:
         f"{platform.python_version()}. Peak RSS: the planning process's (CBC runs as a "
         "subprocess and is not counted). *plain*: the ILP with one variable per strategy "
         "and finite edge price, before follower merging, tying, pruning and folding; "
-        "*solved*: what the solver got.\n\n" + _table(rows) + "\n\nEach row alone:\n\n"
+        "*solved*: what the solver got."
+        + (
+            f" Times and RSS are the medians of {args.repeat} runs of each row."
+            if args.repeat > 1
+            else ""
+        )
+        + "\n\n"
+        + _table(rows)
+        + "\n\nEach row alone:\n\n"
         f"{_commands(rows)}\n"
     )
     Path(args.out).write_text(text)
