@@ -104,3 +104,16 @@ def test_summary_lists_phases_status_and_params(meta_mlp, mesh8):
     text = _plan(meta_mlp, mesh8).summary()
     for needle in ("phases (s):", "ILP:", "optimal", "compute", "comm", "w1", "w2"):
         assert needle in text
+
+
+def test_planning_leaves_the_garbage_collector_unfrozen(meta_mlp, mesh8):
+    """The heap frozen after the trace goes back to the collector whether the plan is made
+    or planning fails on bad input."""
+    import gc
+
+    before = gc.get_freeze_count()
+    assert _plan(meta_mlp, mesh8).status == "optimal"
+    assert gc.get_freeze_count() == before
+    with pytest.raises(ValueError, match="input_placements"):
+        autoplan.plan(meta_mlp, lambda: torch.randn(16, 32, 64), mesh8, input_placements=["S(7)"])
+    assert gc.get_freeze_count() == before

@@ -15,8 +15,9 @@ groups, and on the placements only through their *form* (the codes of
 :func:`~autoplan.cost.redistribute.encode`: each axis's kind and which
 placements are equal, with the sharded dims themselves numbered by first
 appearance, since only which placements shard the same dim matters). So each
-(form, divisibility of the dims it shards) is walked once per planning run, an edge's pairs become integer arrays of *terms* (collective, axes,
-divisor) once per (rows, columns, divisibility), and a matrix costs one
+(form, divisibility of the dims it shards) is walked once per planning run, an
+edge's pairs become integer arrays of *terms* (collective, axes, divisor) once
+per (rows, columns, divisibility), and a matrix costs one
 ``time_us`` per distinct term and bytes plus a few numpy gathers. The per-step
 sums run in the same order as ``cost_us``'s, so the floats are the same.
 """
