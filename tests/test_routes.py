@@ -196,3 +196,24 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
     assert Plan.from_json(routed.to_json()).routes == routed.routes
     assert f"routed moves: {len(routed.routes)} inputs" in routed.summary()
     assert "routed moves" not in direct.summary()
+
+
+def test_free_cycle_agrees_with_networkx_on_random_price_matrices():
+    """Zero-price moves form a cycle exactly when networkx finds their graph cyclic."""
+    import networkx as nx
+
+    from autoplan.cost.routes import _free_cycle
+
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(500):
+        n = int(rng.integers(1, 10))
+        direct = np.where(rng.random((n, n)) < rng.uniform(0, 0.35), 0.0, 1.0 + rng.random((n, n)))
+        direct[rng.random((n, n)) < 0.2] = np.inf
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from((i, j) for i, j in zip(*np.nonzero(direct == 0.0), strict=True) if i != j)
+        want = not nx.is_directed_acyclic_graph(g)
+        assert _free_cycle(direct) == want
+        seen.add(want)
+    assert seen == {True, False}

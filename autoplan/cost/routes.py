@@ -170,12 +170,21 @@ def route_arcs(direct: np.ndarray, dist: np.ndarray) -> np.ndarray:
 
 
 def _free_cycle(direct: np.ndarray) -> bool:
-    """Whether zero-price moves (other than staying put) form a cycle."""
+    """Whether zero-price moves (other than staying put) form a cycle.
+
+    Peels the states no free move enters, layer by layer: the free moves are acyclic
+    iff that empties the network. As many numpy passes as the longest free chain has
+    moves (a few), where squaring the reachability matrix took 9 products of 343 x 343
+    matrices per LLaMA3-70B network (0.67 s of its cost phase under cProfile).
+    """
     free = (direct == 0.0) & ~np.eye(len(direct), dtype=bool)
-    reach = free.astype(np.float32)
-    for _ in range(max(1, int(np.ceil(np.log2(max(2, len(direct))))))):
-        reach = np.minimum(reach + reach @ reach, 1.0)
-    return bool(np.diagonal(reach).any())
+    alive = np.arange(len(direct))
+    while len(alive):
+        entered = free[np.ix_(alive, alive)].any(axis=0)
+        if entered.all():
+            return True  # every state left has a free move into it: a cycle
+        alive = alive[entered]
+    return False
 
 
 class Router:
