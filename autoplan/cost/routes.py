@@ -175,7 +175,8 @@ def _free_cycle(direct: np.ndarray) -> bool:
     Peels the states no free move enters, layer by layer: the free moves are acyclic
     iff that empties the network. As many numpy passes as the longest free chain has
     moves (a few), where squaring the reachability matrix took 9 products of 343 x 343
-    matrices per LLaMA3-70B network (0.67 s of its cost phase under cProfile).
+    matrices per LLaMA3-70B network: 0.67 s of its cost phase under cProfile, though
+    timed without the profiler the phase moved by less than its run-to-run noise.
     """
     free = (direct == 0.0) & ~np.eye(len(direct), dtype=bool)
     alive = np.arange(len(direct))
