@@ -182,20 +182,37 @@ def _objective(costs, allowed, budget, *, reduced: bool) -> tuple[float, dict]:
     return sol.objective_us, sol.choice
 
 
+TINY_LLAMAS = [(2, (2, 2)), (4, (2, 2)), (2, (2, 2, 2)), (4, (2, 2, 2))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layers,shape", [(2, (2, 2)), (4, (2, 2)), (2, (2, 2, 2)), (4, (2, 2, 2))])
+@pytest.mark.parametrize("layers,shape", TINY_LLAMAS)
 def test_reduced_ilp_matches_plain_on_tiny_llama(layers, shape):
-    """Tied, pruned and fixed: the objective equals the plain ILP's within 0.1 %, free and under a budget."""
+    """Tied, pruned and fixed: the objective equals the plain ILP's within 0.1 %."""
     costs, allowed = _tiny_llama_costs(layers, shape)
-    plain, choice = _objective(costs, allowed, None, reduced=False)
+    plain, _ = _objective(costs, allowed, None, reduced=False)
     reduced, _ = _objective(costs, allowed, None, reduced=True)
     assert reduced == pytest.approx(plain, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layers,shape",
+    # the plain budgeted 4-layer 2x2x2 ILP had not been solved after 17 minutes, even
+    # with the reduced plan as its start (README, Status)
+    [*TINY_LLAMAS[:3], pytest.param(*TINY_LLAMAS[3], marks=pytest.mark.very_slow)],
+)
+def test_reduced_ilp_matches_plain_under_a_binding_budget(layers, shape):
+    """Under a budget the free plan does not meet, tied, pruned, fixed and untied: the
+    objective equals the plain ILP's within 0.1 %."""
+    costs, allowed = _tiny_llama_costs(layers, shape)
+    free, choice = _objective(costs, allowed, None, reduced=True)
     low = sum(float(m.min()) for m in costs.memory.values())
     used = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
     budget = (low + used) / 2  # binding: the free plan does not fit
     plain_b, _ = _objective(costs, allowed, budget, reduced=False)
     reduced_b, _ = _objective(costs, allowed, budget, reduced=True)
-    assert plain_b > plain
+    assert plain_b > free
     assert reduced_b == pytest.approx(plain_b, rel=1e-3)
 
 
