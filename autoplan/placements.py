@@ -9,6 +9,7 @@ question.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -145,6 +146,17 @@ def is_even(
             return False
         remaining[d] //= size
     return True
+
+
+def even_placements(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placements]:
+    """Every placement tuple of R and S(d) (dims longer than 1) that splits ``shape``
+    evenly: the candidates of a graph input, parameter or buffer."""
+    per_axis = [Replicate()] + [Shard(d) for d, s in enumerate(shape) if s > 1]
+    return [
+        combo
+        for combo in itertools.product(per_axis, repeat=len(mesh_shape))
+        if is_even(shape, combo, mesh_shape)
+    ]
 
 
 def local_fraction(placements: Sequence[Placement], mesh_shape: Sequence[int]) -> float:

@@ -33,13 +33,12 @@ import torch
 from torch import fx
 
 from autoplan.graph import map_args, static_args, tensor_args
-from autoplan.placements import Placements, is_even, is_strided, sharded_dim
+from autoplan.placements import Placements, even_placements, is_even, is_strided, sharded_dim
 from autoplan.strategies.dtensor import (
     DeviceMesh,
     Partial,
     Placement,
     Replicate,
-    Shard,
     einsum_rules,
     fill_placeholders,
     has_op_strategy,
@@ -123,15 +122,6 @@ def _tensor_info(val: Any) -> TensorInfo | None:
 
 def _keep_placement(p: Placement | None) -> bool:
     return not isinstance(p, Partial) or p.reduce_op == "sum"
-
-
-def _placeholder_candidates(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[Placements]:
-    per_axis = [Replicate()] + [Shard(d) for d, s in enumerate(shape) if s > 1]
-    out = []
-    for combo in itertools.product(per_axis, repeat=len(mesh_shape)):
-        if is_even(shape, combo, mesh_shape):
-            out.append(tuple(combo))
-    return out
 
 
 class _Enumerator:
@@ -246,7 +236,7 @@ class _Enumerator:
         found = self._placeholders.get(shape)
         if found is None:
             found = self._placeholders[shape] = tuple(
-                Strategy(outs=(p,), ins=()) for p in _placeholder_candidates(shape, self.mesh_shape)
+                Strategy(outs=(p,), ins=()) for p in even_placements(shape, self.mesh_shape)
             )
         return found
 
