@@ -35,7 +35,7 @@ import numpy as np
 
 import autoplan.planner as planner
 from autoplan.cli import run_plan
-from autoplan.ilp.backends import cbc_path, write_mps
+from autoplan.ilp.backends import _read_solution, cbc_path, write_mps
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import from_lp
 from autoplan.ilp.matrix import Matrix, _Flow
@@ -64,7 +64,7 @@ def _model(config: str, overrides: list[str]) -> IlpModel:
     raise RuntimeError(f"{config}: planning ended before the ILP build")
 
 
-def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray, np.ndarray, str]:
+def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray | None, np.ndarray, str]:
     """CBC's LP on ``m``: seconds, column values, row duals and its summary line."""
     mps, sol = tmp / "lp.mps", tmp / "lp.sol"
     write_mps(m, str(mps))
@@ -76,16 +76,16 @@ def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray, np.ndarray, str]:
         check=True,
     ).stdout
     seconds = time.perf_counter() - began
-    x, y = np.zeros(m.num_cols), np.zeros(m.num_rows)
+    _, x, _ = _read_solution(str(sol), m.num_cols)  # the solve stage's own reader
+    y = np.zeros(m.num_rows)  # row duals, which the solve stage does not read
     with open(sol) as f:
         f.readline()
         for line in f:
             parts = line.split()
             if parts and parts[0] == "**":
                 parts = parts[1:]
-            if len(parts) >= 4:
-                target = x if parts[1][0] == "x" else y
-                target[int(parts[1][1:])] = float(parts[2] if target is x else parts[3])
+            if len(parts) >= 4 and parts[1][0] == "c":
+                y[int(parts[1][1:])] = float(parts[3])
     summary = next((s.strip() for s in out.splitlines() if "objective" in s.lower()), "?")
     return seconds, x, y, summary
 
