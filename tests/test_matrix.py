@@ -135,6 +135,59 @@ def test_mps_declares_every_column_once_in_order(tmp_path):
     assert sum(1 for a, b in itertools.pairwise(names) if a != b) == len(firsts) - 1
 
 
+def _read_mps(path) -> dict:
+    """Costs, entries, row bounds, upper bounds and binaries of a free-format MPS file."""
+    out = {"kind": {}, "cost": {}, "entry": {}, "rhs": {}, "upper": {}, "int": set()}
+    section, marked = "", False
+    for line in path.read_text().splitlines():
+        if not line.startswith(" "):
+            section = line.split()[0]
+            continue
+        f = line.split()
+        if section == "ROWS":
+            out["kind"][f[1]] = f[0]
+        elif section == "COLUMNS" and "MARKER" in line:
+            marked = "INTORG" in line
+        elif section == "COLUMNS":
+            if f[1] == "obj":
+                out["cost"][f[0]] = float(f[2])
+            else:
+                out["entry"][f[0], f[1]] = float(f[2])
+            if marked:
+                out["int"].add(f[0])
+        elif section == "RHS":
+            out["rhs"][f[1]] = float(f[2])
+        elif section == "BOUNDS":
+            out["upper"][f[2]] = float(f[3])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mps_file_reads_back_as_the_matrix(seed, tmp_path):
+    """Every cost, entry, row bound, upper bound and binary mark in the MPS file is the matrix's, exactly."""
+    rng = np.random.default_rng(seed)
+    m = emit(_random_problem(seed)).matrix
+    m.cost[:] = rng.uniform(0.0, 1e6, m.num_cols) / 3.0  # values that need all 17 digits
+    m.offset = 1.25 * seed
+    path = tmp_path / "m.mps"
+    write_mps(m, str(path))
+    got = _read_mps(path)
+    assert got["cost"] == {f"x{j}": float(c) for j, c in enumerate(m.cost)}
+    entries = {}
+    for j in range(m.num_cols):
+        for k in range(m.start[j], m.start[j + 1]):
+            entries[f"x{j}", f"c{m.index[k]}"] = float(m.value[k])
+    assert got["entry"] == entries
+    assert got["int"] == {f"x{j}" for j in np.flatnonzero(m.integer)}
+    assert got["upper"] == {f"x{j}": float(u) for j, u in enumerate(m.upper)}
+    for i in range(m.num_rows):
+        kind = got["kind"][f"c{i}"]
+        rhs = got["rhs"].get(f"c{i}", 0.0)
+        lower, upper = (-math.inf, rhs) if kind == "L" else (rhs, math.inf if kind == "G" else rhs)
+        assert (lower, upper) == (m.row_lower[i], m.row_upper[i])
+    assert -got["rhs"].get("obj", 0.0) == m.offset
+
+
 def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypatch):
     """A MIP stopped on time that hands back fractional LP values yields the checked incumbent."""
     from autoplan.ilp import solve as solve_module
