@@ -218,3 +218,14 @@ def test_moves_on_different_dims_share_a_walk_only_where_the_dims_divide_alike()
     swap = pricer.matrix([(s0, s1), (s1, s0)], [(s1, s0), (s0, s1)], (8, 8), 2)
     assert swap[0, 0] == swap[1, 1] > 0
     assert swap[0, 0] == oracle.cost_us((s0, s1), (s1, s0), (8, 8), 2)
+
+
+def test_equal_placement_tuples_get_one_int_whatever_the_object():
+    """The pricer's ints follow equality, not identity: a fresh tuple equal to one seen
+    before gets its int, an unequal one a new int."""
+    pricer = EdgePricer(RedistributeModel((2, 2), CollectiveModel(Topology())))
+    a, c = (Shard(0), Replicate()), (Replicate(), Shard(0))
+    b = (Shard(0), Replicate())
+    assert b is not a
+    assert pricer.ids([a, c, b, a]) == (0, 1, 0, 0)
+    assert pricer.ids([(Replicate(), Shard(0)), (Partial(), Partial())]) == (1, 2)
