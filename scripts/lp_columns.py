@@ -76,16 +76,7 @@ def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray | None, np.ndarray, str
         check=True,
     ).stdout
     seconds = time.perf_counter() - began
-    _, x, _ = _read_solution(str(sol), m.num_cols)  # the solve stage's own reader
-    y = np.zeros(m.num_rows)  # row duals, which the solve stage does not read
-    with open(sol) as f:
-        f.readline()
-        for line in f:
-            parts = line.split()
-            if parts and parts[0] == "**":
-                parts = parts[1:]
-            if len(parts) >= 4 and parts[1][0] == "c":
-                y[int(parts[1][1:])] = float(parts[3])
+    _, x, _, y = _read_solution(str(sol), m.num_cols, m.num_rows)  # the solve stage's reader
     summary = next((s.strip() for s in out.splitlines() if "objective" in s.lower()), "?")
     return seconds, x, y, summary
 

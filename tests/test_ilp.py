@@ -478,8 +478,8 @@ def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
     )
 
 
-def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, mesh8, monkeypatch):
-    """No plan at all by the time limit (LP and MIP both stopped) is a clear error, not "infeasible"."""
+def test_solver_stopped_still_returns_the_plan_decoded_from_the_bound(meta_mlp, mesh8, monkeypatch):
+    """LP and MIP both stopped: the plan decoded from the dual bound comes back, marked time_limit."""
     import torch
 
     import autoplan
@@ -487,6 +487,23 @@ def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, m
     from autoplan.ilp.backends import RunResult
 
     monkeypatch.setattr(solve_module, "run", lambda *a, **k: RunResult("stopped", None))
+    config = autoplan.PlanConfig(time_limit_s=2.0)
+    plan = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
+    assert plan.status == "time_limit"
+    assert math.isfinite(plan.objective_us)
+    assert "time_limit_s (2.0 s)" in plan.message
+
+
+def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, mesh8, monkeypatch):
+    """No plan at all by the time limit (nothing decoded, LP and MIP both stopped) is a clear error, not "infeasible"."""
+    import torch
+
+    import autoplan
+    from autoplan.ilp import solve as solve_module
+    from autoplan.ilp.backends import RunResult
+
+    monkeypatch.setattr(solve_module, "run", lambda *a, **k: RunResult("stopped", None))
+    monkeypatch.setattr(solve_module, "from_plan", lambda *a, **k: None)
     config = autoplan.PlanConfig(time_limit_s=2.0)
     with pytest.raises(ValueError, match=r"plan.time_limit_s \(2.0 s\).*raise plan.time_limit_s"):
         autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)

@@ -34,12 +34,14 @@ _GRACE_S = 5.0
 class RunResult:
     """``status``: "optimal", "feasible" (stopped with a solution), "infeasible" or
     "stopped" (no solution); ``x`` the column values (None without a solution);
-    ``dj`` reduced costs (LP only); ``bound`` a proven lower bound when the solver gives one."""
+    ``dj`` reduced costs and ``y`` row duals (LP only); ``bound`` a proven lower bound when
+    the solver gives one."""
 
     status: str
     x: np.ndarray | None
     dj: np.ndarray | None = None
     bound: float = float("nan")
+    y: np.ndarray | None = None
 
 
 def check_solver(name: str) -> None:
@@ -119,8 +121,9 @@ def _run_highs(
     sol = h.getSolution()
     x = np.asarray(sol.col_value, dtype=np.float64)
     dj = None if mip else np.asarray(sol.col_dual, dtype=np.float64)
+    y = None if mip else np.asarray(sol.row_dual, dtype=np.float64)
     bound = float(info.mip_dual_bound) if mip else float(info.objective_function_value)
-    return RunResult(name, x, dj, bound)
+    return RunResult(name, x, dj, bound, y)
 
 
 # ----------------------------------------------------------------------------- CBC
@@ -202,12 +205,14 @@ def _write_start(x: np.ndarray, path: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def _read_solution(path: str, num_cols: int) -> tuple[str, np.ndarray | None, np.ndarray]:
-    """Status word, column values and reduced costs from CBC's ``-solution`` file."""
+def _read_solution(
+    path: str, num_cols: int, num_rows: int = 0
+) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Status word, column values, reduced costs and row duals from CBC's ``-solution``
+    file (written with ``-printingOptions all``: rows ``c<i>``, then columns ``x<j>``)."""
+    x, dj, y = np.zeros(num_cols), np.zeros(num_cols), np.zeros(num_rows)
     with open(path) as f:
         head = f.readline().split()
-        x = np.zeros(num_cols)
-        dj = np.zeros(num_cols)
         for line in f:
             parts = line.split()
             if len(parts) < 4:
@@ -219,16 +224,18 @@ def _read_solution(path: str, num_cols: int) -> tuple[str, np.ndarray | None, np
                 j = int(name[1:])
                 x[j] = float(parts[2])
                 dj[j] = float(parts[3])
+            elif name[0] == "c" and num_rows:
+                y[int(name[1:])] = float(parts[3])
     if not head:
-        return "stopped", None, dj
+        return "stopped", None, dj, y
     word = head[0]
     if word == "Optimal":
-        return "optimal", x, dj
+        return "optimal", x, dj, y
     if word in ("Infeasible", "Integer"):
-        return "infeasible", None, dj
+        return "infeasible", None, dj, y
     if word == "Stopped" and "objective" in head:  # "Stopped on time - objective value v"
-        return "feasible", x, dj
-    return "stopped", None, dj
+        return "feasible", x, dj, y
+    return "stopped", None, dj, y
 
 
 def _run_cbc(
@@ -268,5 +275,7 @@ def _run_cbc(
         if done.returncode != 0 or not os.path.exists(sol):
             tail = "\n".join(done.stdout.splitlines()[-5:])
             raise RuntimeError(f"CBC ({args[0]}) failed with exit code {done.returncode}: {tail}")
-        status, x, dj = _read_solution(sol, m.num_cols)
-    return RunResult(status, x, None if mip else dj)
+        status, x, dj, y = _read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
+    if mip:
+        return RunResult(status, x)
+    return RunResult(status, x, dj, y=y)

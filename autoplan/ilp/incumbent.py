@@ -107,3 +107,38 @@ def from_lp(
         return None
     _improve(p, choice, rounds)
     return choice, cost_of(p, choice)
+
+
+def from_plan(
+    p: Problem, choice: dict[str, int], *, rounds: int = 5
+) -> tuple[dict[str, int], float] | None:
+    """``choice`` brought within the budget and improved; (choice, cost), or None when
+    it breaks an edge or no footprint-lowering move is left.
+
+    Over the budget, the move that saves memory at the least cost per byte (one weight
+    class to a smaller footprint, the rest held) is made until the plan fits.
+    """
+    choice = dict(choice)
+    if not np.isfinite(cost_of(p, choice)):
+        return None
+    if p.budget is not None and p.memory:
+        incident = _incident(p)
+        used = memory_of(p, choice)
+        while used > p.budget:
+            best, pick = np.inf, None
+            for r, mem in p.memory.items():
+                cost = _options(p, r, choice, incident[r])
+                saved = mem[choice[r]] - mem
+                rate = np.where(
+                    saved > 0, (cost - cost[choice[r]]) / np.maximum(saved, 1.0), np.inf
+                )
+                j = int(np.argmin(rate))
+                if rate[j] < best:
+                    best, pick = float(rate[j]), (r, j)
+            if pick is None:
+                return None
+            r, j = pick
+            used -= p.memory[r][choice[r]] - p.memory[r][j]
+            choice[r] = j
+    _improve(p, choice, rounds)
+    return choice, cost_of(p, choice)

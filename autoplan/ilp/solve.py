@@ -33,7 +33,10 @@ import numpy as np
 
 from autoplan.ilp.backends import SOLVERS, check_solver, run
 from autoplan.ilp.build import IlpModel
-from autoplan.ilp.incumbent import cost_of, from_lp, memory_of
+from autoplan.ilp.dual import Ascent, column_reduced_costs, decode
+from autoplan.ilp.incumbent import cost_of, from_lp, from_plan, memory_of
+from autoplan.ilp.matrix import Matrix
+from autoplan.ilp.problem import Problem
 
 __all__ = ["SOLVERS", "Relaxation", "Solution", "relax", "solve"]
 
@@ -115,6 +118,7 @@ class Relaxation:
     dj: np.ndarray | None = None
     lp_values: dict[str, np.ndarray] | None = None
     lp_reduced: dict[str, np.ndarray] | None = None
+    binds: bool = False
     seconds: float = 0.0
 
     @property
@@ -140,34 +144,149 @@ def relax(
     time_limit_s: float | None = None,
     start: Mapping[str, int] | None = None,
 ) -> Relaxation:
-    """LP bound, incumbent (the rounded LP plan, or ``start``, a strategy per class, when
-    cheaper) and the reduced costs that let the MIP drop columns. :func:`solve` polishes
-    the incumbent when no cheaper plan is known from elsewhere."""
+    """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
+    ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
+    drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.dual`); when no
+    plan can be decoded from it, from the LP relaxation solved by ``solver``.
+    :func:`solve` polishes the incumbent when no cheaper plan is known from elsewhere."""
     check_solver(solver)
     began = time.perf_counter()
     m, p = model.emitted.matrix, model.reduced
     if model.infeasible or not m.num_cols:
         return Relaxation()
-    lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
-    if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return Relaxation(seconds=time.perf_counter() - began)
-    bound = float(m.cost @ lp.x) + m.offset
-    values = _class_values(model, lp.x)
-    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
-    found = from_lp(p, values)
-    if start is not None:
-        known = {r: int(start[r]) for r in p.linear}
-        cost = _valid_cost(model, known)
-        if found is None or cost < found[1]:
-            found = known, cost
-    stats: dict[str, float] = {"lp_bound_us": bound}
+    ascent = Ascent(p)
+    ascent.raise_bound()
+    dual = ascent.result()
+    found = from_plan(p, decode(p, dual))
+    if found is None:
+        return _relax_lp(model, solver, time_limit_s, start, began)
+    dj = column_reduced_costs(p, model.emitted, dual)
+    # The LP over the columns the bound prices near zero: its optimum is the full LP's
+    # or near it, found in a fraction of the time. It says which strategies the
+    # relaxation uses, rounds to a better plan than the decoded one, and its memory
+    # row's dual is the multiplier at which the sweeps then settle the bound. When the
+    # two do not meet, the columns were too few: the share grows.
+    x0 = _start_vector(model, found[0])
+    share = _NEAR_SHARE
+    for _ in range(_NEAR_ROUNDS):
+        near = max(share * (found[1] - dual.bound), _USED_SHARE * abs(dual.bound))
+        keep = (dj <= near) | (x0 > 0)
+        lp = run(m.columns(keep), solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
+        x = x0.copy()  # the decoded plan alone is a feasible LP solution
+        if lp.x is not None:
+            x = np.zeros(m.num_cols)
+            x[keep] = lp.x
+        lam = _memory_multiplier(m, lp.y)
+        ascent.refine(dual.lam if lam is None else lam)
+        refined = ascent.result()
+        if refined.bound > dual.bound:
+            dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
+        value = float(m.cost @ x) + m.offset
+        if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
+            break
+        share *= _NEAR_GROWTH
+    values = _class_values(model, x)
+    rounded = from_lp(p, values)
+    if rounded is not None and rounded[1] < found[1]:
+        found = rounded
+    found = _with_start(model, found, start)
+    reduced = {r: dual.reduced[r] for r in model.emitted.class_cols}
+    stats = {
+        "lp_bound_us": dual.bound,
+        "sweeps": float(dual.sweeps),
+        "lp_columns": float(keep.sum()),
+    }
+    return _relaxation(
+        model, dual.bound, stats, found, x, dj, values, reduced, _binds(p, values), began
+    )
+
+
+def _memory_multiplier(m: Matrix, y: np.ndarray | None) -> float | None:
+    """The memory row's price in microseconds per MiB from an LP's row duals (None
+    without duals or a memory row: the only row with no lower bound)."""
+    rows = np.flatnonzero(np.isneginf(m.row_lower))
+    if y is None or len(rows) != 1:
+        return None
+    return max(0.0, -float(y[rows[0]]))
+
+
+def _binds(p: Problem, values: dict[str, np.ndarray]) -> bool:
+    """Whether the relaxation's solution spends all of the memory budget."""
+    used = sum(float(np.dot(mem, values[r])) for r, mem in p.memory.items() if r in values)
+    return p.budget is not None and used >= p.budget * (1 - _SLACK)
+
+
+# The LP of relax keeps the columns whose dual reduced cost is within this share of the
+# bound...
+_USED_SHARE = 1e-5
+# ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
+# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
+_NEAR_SHARE = 0.01
+_NEAR_GROWTH = 5.0
+_NEAR_ROUNDS = 3
+_MET = 0.05
+
+
+def _with_start(
+    model: IlpModel,
+    found: tuple[dict[str, int], float] | None,
+    start: Mapping[str, int] | None,
+) -> tuple[dict[str, int], float] | None:
+    """The cheaper of the rounded plan ``found`` and ``start`` (when valid)."""
+    if start is None:
+        return found
+    known = {r: int(start[r]) for r in model.reduced.linear}
+    cost = _valid_cost(model, known)
+    if found is None or cost < found[1]:
+        return (known, cost) if math.isfinite(cost) else found
+    return found
+
+
+def _relaxation(
+    model: IlpModel,
+    bound: float,
+    stats: dict[str, float],
+    found: tuple[dict[str, int], float] | None,
+    x: np.ndarray,
+    dj: np.ndarray,
+    values: dict[str, np.ndarray],
+    reduced: dict[str, np.ndarray],
+    binds: bool,
+    began: float,
+) -> Relaxation:
     choice = x0 = None
     if found is not None:
         choice, upper = found
         stats["rounded_us"] = stats["incumbent_us"] = upper
         x0 = _start_vector(model, choice)
     seconds = time.perf_counter() - began
-    return Relaxation(bound, stats, choice, x0, lp.x, lp.dj, values, reduced, seconds)
+    return Relaxation(bound, stats, choice, x0, x, dj, values, reduced, binds, seconds)
+
+
+def _relax_lp(
+    model: IlpModel,
+    solver: str,
+    time_limit_s: float | None,
+    start: Mapping[str, int] | None,
+    began: float,
+) -> Relaxation:
+    """:func:`relax` by the LP relaxation solved with ``solver``."""
+    m, p = model.emitted.matrix, model.reduced
+    lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
+    if lp.status != "optimal" or lp.x is None or lp.dj is None:
+        return Relaxation(seconds=time.perf_counter() - began)
+    bound = float(m.cost @ lp.x) + m.offset
+    values = _class_values(model, lp.x)
+    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
+    found = _with_start(model, from_lp(p, values), start)
+    stats = {"lp_bound_us": bound}
+    return _relaxation(
+        model, bound, stats, found, lp.x, lp.dj, values, reduced, _binds(p, values), began
+    )
+
+
+# The LP's memory row binds when it uses all but this share of the budget.
+_SLACK = 1e-6
 
 
 # The restricted MIP of _polish keeps columns whose reduced cost is within this share of

@@ -57,7 +57,6 @@ _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's to
 # _MAX_GROWTH times the strategies the tied ILP had in all.
 _CLOSE = 1e-3
 _MAX_GROWTH = 4
-_SLACK = 1e-6  # the LP's memory row binds when it uses all but this share of the budget
 # The untied solve may take this many times the tied relaxation's seconds (at least _MIN_S).
 # The relaxation is now the bare LP, often well under a second: with _MIN_S = 2 the second
 # pass on the tiny LLaMA of tests/test_prune.py (4 layers, 2x2, binding budget, HiGHS,
@@ -70,13 +69,12 @@ _MIN_S = 10.0
 def worth_untying(model: IlpModel, relaxed: Relaxation) -> bool:
     """Whether the tied plan could get cheaper untied: some class stands for several
     nodes, the LP relaxation has an incumbent and the memory budget binds it."""
-    p, values = model.reduced, relaxed.lp_values
-    if p.budget is None or not p.memory or values is None or relaxed.choice is None:
+    p = model.reduced
+    if p.budget is None or not p.memory or relaxed.choice is None:
         return False
     if len(set(p.rep.values())) == len(p.rep):
         return False
-    used = sum(float(np.dot(m, values[r])) for r, m in p.memory.items() if r in values)
-    return used >= p.budget * (1 - _SLACK)
+    return relaxed.binds
 
 
 def _narrow(

@@ -1,0 +1,442 @@
+r"""Stage 5b-pre, dual: the LP relaxation's bound and reduced costs by dual ascent.
+
+Input: a reduced :class:`~autoplan.ilp.problem.Problem`. Output: a :class:`Dual`
+holding a lower bound on the cost of every plan, per class strategy a reduced
+cost (a plan taking that strategy costs at least the bound plus it), the memory
+multiplier, and the edge potentials from which :func:`column_reduced_costs`
+prices every column of the emitted matrix in the same sense.
+
+Why: solved by a general simplex, the LP relaxation was the solve stage's
+longest step (LLaMA3-70B's tied LP: about 33 000 dual simplex iterations,
+14-19 s with CBC, about 8 s with HiGHS), although the problem behind it is
+small: 102 classes and 193 edges on 70B. Its dual splits by edge, and sweeping
+over the classes reaches the LP's bound to a few millionths in under a second
+there. Nothing here needs to be optimal to be exact: any messages and any
+multiplier give a valid bound and valid reduced costs, so the reduced-cost
+fixing of :mod:`autoplan.ilp.solve` keeps every plan cheaper than its incumbent.
+
+How: messages ``a_e`` (over the groups of edge e's source class u) and
+``b_e`` (over its destination v's groups) move cost between an edge and its
+ends, and λ >= 0 prices the memory row::
+
+    θ_u(i)   = L_u(i) + λ M_u(i) + Σ_{e out of u} a_e(g_e(i)) + Σ_{e into u} b_e(h_e(i))
+    φ_e(g,h) = R_e(g,h) - a_e(g) - b_e(h)
+    bound    = Σ_u min_i θ_u(i) + Σ_e min_gh φ_e(g,h) - λ · budget
+
+A plan costs the same under θ and φ as under L and R, plus λ (M - budget) <= 0
+when it fits the budget, so the bound holds for any messages (its maximum over
+them and λ is the LP bound). A sweep visits the classes in order: each takes in
+the row minima of its edges (which leaves every edge's minimum at 0), then
+hands an equal share of what lies above its own minimum back to the edges
+toward the classes it visits next; this never lowers the bound (the scheme of
+TRW-S and SRMP for pairwise models). Sweeps alternate forward and backward
+until the bound stops rising; λ is found by golden-section search on the
+concave bound, each step warm-started from the last messages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.ilp.matrix import MEMORY_UNIT, Emitted, _Flow
+from autoplan.ilp.problem import Problem
+
+# A run of sweeps stops when one forward-and-backward pair raises the bound by less
+# than this share of it (_LOOSE while λ is searched, _TIGHT at the LP's λ), or after
+# _MAX_SWEEPS pairs.
+_LOOSE = 1e-4
+_TIGHT = 1e-6
+_MAX_SWEEPS = 200
+# The λ search stops when the λ best for the converged messages is this close to λ
+# (relative), or after _LAMBDA_STEPS secant steps.
+_LAMBDA_RTOL = 1e-2
+_LAMBDA_STEPS = 20
+
+
+@dataclass(frozen=True)
+class Dual:
+    """A lower bound on every plan's cost and what it says per strategy and column.
+
+    ``reduced[r][i]``: a plan in which class r takes strategy i costs at least
+    ``bound + reduced[r][i]`` (inf where i cannot be chosen). ``lam`` is the memory
+    multiplier in microseconds per MiB (0 without a binding budget); ``sweeps`` the
+    forward-and-backward sweeps it took.
+    """
+
+    bound: float
+    reduced: dict[str, np.ndarray]
+    lam: float
+    sweeps: int
+    theta: dict[str, np.ndarray]
+    phi: list[np.ndarray]
+    a: list[np.ndarray]
+    b: list[np.ndarray]
+
+
+class _End:
+    """One end of an edge at a class, with the edge's potentials kept compact: only the
+    groups an allowed strategy maps to, ``mat`` indexed (this end's group, the other's)
+    (the transpose, a view, at the destination end) and this end's message ``msg``."""
+
+    def __init__(self, k: int, axis: int, group: np.ndarray, ok: np.ndarray) -> None:
+        self.k, self.axis, self.group = k, axis, group
+        self.safe = np.maximum(group, 0)
+        self.bad = (group < 0) & ok  # an allowed strategy with no group cannot be chosen
+        members = np.flatnonzero(ok & (group >= 0))
+        self.order = members[np.argsort(group[members], kind="stable")]
+        self.present, self.starts = np.unique(group[self.order], return_index=True)
+        local = np.zeros(int(group.max(initial=0)) + 1, dtype=np.int64)
+        local[self.present] = np.arange(len(self.present))
+        self.local = local[self.safe]  # compact group of each strategy (0 if none)
+        self.size = 0
+        self.mat = np.zeros((0, 0))
+        self.msg = np.zeros(0)
+        self.guard = False  # some row of mat has no finite price
+        self.other = 0  # the position of the class at the other end
+
+    def attach(self, mat: np.ndarray, size: int, other: int) -> None:
+        self.mat, self.size, self.other = mat, size, other
+        self.msg = np.zeros(mat.shape[0])
+        self.guard = bool((~np.isfinite(mat)).all(axis=1).any())
+
+    def full_message(self) -> np.ndarray:
+        out = np.zeros(self.size)
+        out[self.present] = self.msg
+        return out
+
+
+class _Ascent:
+    """The dual's state: class potentials θ, compact edge potentials φ and the messages."""
+
+    def __init__(self, p: Problem) -> None:
+        self.p = p
+        self.names = list(p.linear)
+        pos = {r: n for n, r in enumerate(self.names)}
+        self.lam = 0.0
+        self.theta = {r: p.linear[r].astype(np.float64).copy() for r in self.names}
+        self.phi: list[np.ndarray] = []
+        self.pairs: list[tuple[_End, _End]] = []
+        self.ends: dict[str, list[_End]] = {r: [] for r in self.names}
+        for k, e in enumerate(p.edges):
+            s = _End(k, 0, e.src_group, p.allowed(e.src))
+            d = _End(k, 1, e.dst_group, p.allowed(e.dst))
+            phi = np.array(e.cost[np.ix_(s.present, d.present)], dtype=np.float64)
+            s.attach(phi, e.cost.shape[0], pos[e.dst])
+            d.attach(phi.T, e.cost.shape[1], pos[e.src])
+            self.phi.append(phi)
+            self.pairs.append((s, d))
+            self.ends[e.src].append(s)
+            self.ends[e.dst].append(d)
+        # per class and direction: the ends toward classes visited later, and their share
+        self.ahead: dict[tuple[str, bool], tuple[list[_End], float]] = {}
+        for r, ends in self.ends.items():
+            for forward in (True, False):
+                ahead = [end for end in ends if (end.other > pos[r]) == forward]
+                share = 1.0 / max(len(ahead), len(ends) - len(ahead), 1)
+                self.ahead[r, forward] = (ahead, share)
+            for end in ends:
+                self.theta[r][end.bad] = np.inf
+
+    def set_lam(self, lam: float) -> None:
+        for r, mem in self.p.memory.items():
+            self.theta[r] += (lam - self.lam) * mem / MEMORY_UNIT
+        self.lam = lam
+
+    def bound(self) -> float:
+        total = sum(float(np.min(t)) for t in self.theta.values())
+        total += sum(float(np.min(f)) for f in self.phi if f.size)
+        if self.lam and self.p.budget is not None:
+            total -= self.lam * self.p.budget / MEMORY_UNIT
+        return total
+
+    def collect(self, r: str) -> None:
+        """Move every edge's row minima at class r into r (each edge's minimum becomes 0)."""
+        t = self.theta[r]
+        for end in self.ends[r]:
+            c = end.mat.min(axis=1)
+            if end.guard:
+                c = np.where(np.isfinite(c), c, 0.0)
+            end.mat -= c[:, None]
+            end.msg += c
+            t += c[end.local]
+
+    def _visit(self, r: str, forward: bool) -> None:
+        self.collect(r)
+        ahead, share = self.ahead[r, forward]
+        if not ahead:
+            return
+        t = self.theta[r]
+        above = t - float(np.min(t))
+        for end in ahead:  # hand a share of what lies above the minimum back
+            nu = share * np.minimum.reduceat(above[end.order], end.starts)
+            end.mat += nu[:, None]
+            end.msg -= nu
+            t -= nu[end.local]
+
+    def converge(self, rise: float = _LOOSE) -> int:
+        """Sweep until a sweep raises the bound by less than ``rise`` of it; returns the
+        sweeps made."""
+        last = self.bound()
+        for n in range(1, _MAX_SWEEPS + 1):
+            self.sweep()
+            now = self.bound()
+            if not math.isfinite(now) or now - last <= rise * max(1.0, abs(now)):
+                return n  # an infinite bound: some edge has no possible move
+            last = now
+        return _MAX_SWEEPS
+
+    def snapshot(self) -> tuple:
+        msgs = [(s.msg.copy(), d.msg.copy()) for s, d in self.pairs]
+        theta = {r: t.copy() for r, t in self.theta.items()}
+        return self.lam, theta, [f.copy() for f in self.phi], msgs
+
+    def restore(self, snap: tuple) -> None:
+        """Back to a snapshot, in place (the ends hold views of the arrays)."""
+        self.lam, theta, phi, msgs = snap
+        for r, t in theta.items():
+            np.copyto(self.theta[r], t)
+        for k, (s, d) in enumerate(self.pairs):
+            np.copyto(self.phi[k], phi[k])
+            np.copyto(s.msg, msgs[k][0])
+            np.copyto(d.msg, msgs[k][1])
+
+    def sweep(self) -> None:
+        """Visit every class forward, then backward."""
+        for r in self.names:
+            self._visit(r, True)
+        for r in reversed(self.names):
+            self._visit(r, False)
+
+
+def _budget_can_bind(p: Problem) -> bool:
+    if p.budget is None or not p.memory:
+        return False
+    most = sum(float(m[p.allowed(r)].max()) for r, m in p.memory.items())
+    return most > p.budget
+
+
+class Ascent:
+    """Dual ascent on one problem: :meth:`raise_bound` first, :meth:`refine` at a known
+    memory multiplier after, :meth:`result` at any point."""
+
+    def __init__(self, p: Problem) -> None:
+        self._st = _Ascent(p)
+        self.sweeps = 0
+
+    def raise_bound(self) -> None:
+        """Sweeps and, under a budget that can bind, a search for λ (to about 1 %)."""
+        self.sweeps += self._st.converge()
+        if _budget_can_bind(self._st.p):
+            self.sweeps += _search_lam(self._st)
+
+    def refine(self, lam: float) -> None:
+        """Sweep at multiplier ``lam`` (e.g. the LP's) until the bound settles; kept only
+        if the bound rises."""
+        st = self._st
+        before, snap = st.bound(), st.snapshot()
+        st.set_lam(lam)
+        self.sweeps += st.converge(_TIGHT)
+        if not st.bound() > before:
+            st.restore(snap)
+
+    def result(self) -> Dual:
+        return _finish(self._st, self.sweeps)
+
+
+def ascend(p: Problem) -> Dual:
+    """The bound of :meth:`Ascent.raise_bound` on ``p``."""
+    ascent = Ascent(p)
+    ascent.raise_bound()
+    return ascent.result()
+
+
+def _search_lam(st: _Ascent) -> int:
+    """Find λ where the bound, maximized over the messages, peaks; returns the sweeps.
+
+    With the messages converged at λ, the λ that is best for them (:func:`_best_lam`)
+    lies on the side of the peak: ``g(λ) = best - λ`` is positive below it and
+    negative above it. Secant steps on g find its root (Illinois rule once it is
+    bracketed), each step's messages warm-started from the last; the messages and λ
+    with the highest bound are kept.
+    """
+    sweeps = 0
+    best = (st.bound(), st.snapshot())
+
+    def g(lam: float) -> float:
+        nonlocal sweeps, best
+        st.set_lam(lam)
+        sweeps += st.converge()
+        now = st.bound()
+        if now > best[0]:
+            best = (now, st.snapshot())
+        return _best_lam(st) - lam
+
+    a, ga = 0.0, _best_lam(st)
+    b = ga
+    gb = g(b) if b > 0 else 0.0
+    for _ in range(_LAMBDA_STEPS):
+        if abs(gb) <= _LAMBDA_RTOL * b or b == a:
+            break
+        c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
+        if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
+            step = abs(b - a)
+            c = min(max(c, 0.0), b + 4.0 * step) if gb > 0 else max(c, 0.0)
+            a, ga, b = b, gb, c
+            gb = g(b)
+            continue
+        gc = g(c)
+        if gc * gb < 0:
+            a, ga = b, gb
+        else:
+            ga *= 0.5  # Illinois: keep the far end from stalling the secant
+        b, gb = c, gc
+    st.restore(best[1])
+    return sweeps
+
+
+def _best_lam(st: _Ascent) -> float:
+    """The λ >= 0 that maximizes the bound with the messages held: where the memory of
+    each class's cheapest strategy, summed, stops exceeding the budget."""
+    p = st.p
+    base = {r: st.theta[r] - st.lam * m / MEMORY_UNIT for r, m in p.memory.items()}
+    mib = {r: m / MEMORY_UNIT for r, m in p.memory.items()}
+    budget = float(p.budget) / MEMORY_UNIT  # type: ignore[arg-type]
+
+    def over(lam: float) -> bool:
+        used = sum(float(mib[r][np.argmin(t + lam * mib[r])]) for r, t in base.items())
+        return used > budget
+
+    if not over(0.0):
+        return 0.0
+    lo, hi = 0.0, max(st.lam, 1e-6)
+    while over(hi):
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e15:
+            return lo
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if over(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    # the bound is concave in λ and its slope changes sign in [lo, hi]: take the better end
+    return max((lo, hi), key=lambda lam: _value(base, mib, budget, lam))
+
+
+def _value(
+    base: dict[str, np.ndarray], mib: dict[str, np.ndarray], budget: float, lam: float
+) -> float:
+    return sum(float(np.min(t + lam * mib[r])) for r, t in base.items()) - lam * budget
+
+
+def _finish(st: _Ascent, sweeps: int) -> Dual:
+    """The bound and reduced costs recomputed from the messages alone (no rounding
+    carried over from the sweeps)."""
+    p, lam = st.p, st.lam
+    theta = {r: p.linear[r].astype(np.float64).copy() for r in st.names}
+    for r, mem in p.memory.items():
+        theta[r] += lam * mem / MEMORY_UNIT
+    a = [s.full_message() for s, _ in st.pairs]
+    b = [d.full_message() for _, d in st.pairs]
+    phi = []
+    for k, e in enumerate(p.edges):
+        s, d = st.pairs[k]
+        f = np.full(e.cost.shape, np.inf)
+        block = np.ix_(s.present, d.present)
+        f[block] = e.cost[block] - a[k][s.present][:, None] - b[k][d.present][None, :]
+        phi.append(f)
+    for r, ends in st.ends.items():
+        for end in ends:
+            msg = a[end.k] if end.axis == 0 else b[end.k]
+            theta[r] = theta[r] + msg[end.safe]
+            theta[r][end.bad] = np.inf
+    lows = {r: float(np.min(t)) for r, t in theta.items()}
+    edge_low = [float(np.min(f)) for f in phi]
+    bound = sum(lows.values()) + sum(edge_low)
+    if lam and p.budget is not None:
+        bound -= lam * p.budget / MEMORY_UNIT
+    with np.errstate(invalid="ignore"):  # inf - inf where no plan exists at all
+        reduced = {r: theta[r] - lows[r] for r in st.names}
+        for r, ends in st.ends.items():
+            for end in ends:
+                rows = phi[end.k].min(axis=1 - end.axis) - edge_low[end.k]
+                reduced[r] = reduced[r] + np.where(end.group >= 0, rows[end.safe], 0.0)
+    reduced = {r: np.where(np.isnan(v), 0.0, v) for r, v in reduced.items()}
+    return Dual(bound, reduced, lam, sweeps, theta, phi, a, b)
+
+
+def column_reduced_costs(p: Problem, em: Emitted, dual: Dual) -> np.ndarray:
+    """Per column of ``em``'s matrix, a d_j >= 0 such that every plan whose solution
+    uses column j costs at least ``dual.bound + d_j``.
+
+    A strategy column takes its class's reduced cost. A pair column (g, h) of edge e
+    adds to φ_e(g, h) - min φ_e the cheapest reduced cost of the strategies in each
+    group, less the part of it that e itself contributed. A flow arc x -> y lies on a
+    route from g's state to h's of price at least dist(g, x) + w + dist(y, h), so its
+    d_j is that route's least excess over the same terms.
+    """
+    d = np.zeros(em.matrix.num_cols)
+    with np.errstate(invalid="ignore"):  # inf - inf on groups no strategy can reach
+        _fill(p, em, dual, d)
+    return np.where(np.isnan(d), 0.0, np.maximum(d, 0.0))  # nan: keep the column
+
+
+def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
+    for r, cols in em.class_cols.items():
+        sel = cols >= 0
+        d[cols[sel]] = dual.reduced[r][sel]
+    for k, e in enumerate(p.edges):
+        phi = dual.phi[k]
+        low = float(np.min(phi))
+        side = []
+        for cls, group, axis in ((e.src, e.src_group, 0), (e.dst, e.dst_group, 1)):
+            size = phi.shape[axis]
+            red = np.full(size, np.inf)
+            ok = group >= 0
+            np.minimum.at(red, group[ok], dual.reduced[cls][ok])
+            own = phi.min(axis=1 - axis) - low
+            side.append(np.where(np.isfinite(red), red - own, np.inf))
+        u, v = side
+        cols = em.edge_cols[k]
+        if isinstance(cols, _Flow):
+            net = cols.net
+            dist = net.dist
+            into = dist[np.ix_(cols.row_state, net.arc_src)] - dual.a[k][:, None] + u[:, None]
+            out = dist[np.ix_(net.arc_dst, cols.col_state)] - dual.b[k][None, :] + v[None, :]
+            arc = into.min(axis=0) + net.arc_cost + out.min(axis=1) - low
+            d[cols.first_col + np.arange(len(arc))] = arc
+        else:
+            sel = cols >= 0
+            pair = phi - low + u[:, None] + v[None, :]
+            d[cols[sel]] = pair[sel]
+
+
+def decode(p: Problem, dual: Dual) -> dict[str, int]:
+    """A plan read off the potentials: the classes in order, each taking its cheapest
+    strategy given the classes decided before it (their rows of the shared edges) and
+    the cheapest completion of the rest (the edges' row minima). It may exceed the
+    budget: :func:`~autoplan.ilp.incumbent.from_plan` repairs it."""
+    ends: dict[str, list[tuple[int, bool]]] = {r: [] for r in p.linear}
+    for k, e in enumerate(p.edges):
+        ends[e.src].append((k, True))
+        ends[e.dst].append((k, False))
+    choice: dict[str, int] = {}
+    for r in p.linear:
+        score = dual.theta[r].copy()
+        for k, is_src in ends[r]:
+            e, phi = p.edges[k], dual.phi[k]
+            other = e.dst if is_src else e.src
+            if other in choice:
+                at = (e.dst_group if is_src else e.src_group)[choice[other]]
+                vec = phi[:, at] if is_src else phi[at]
+            else:
+                vec = phi.min(axis=1 if is_src else 0)
+            group = e.src_group if is_src else e.dst_group
+            score = score + np.where(group >= 0, vec[np.maximum(group, 0)], np.inf)
+        choice[r] = int(np.argmin(score))
+    return choice
