@@ -167,24 +167,25 @@ def relax(
     # row's dual is the multiplier at which the sweeps then settle the bound. When the
     # two do not meet, the columns were too few: the share grows.
     x0 = _start_vector(model, found[0])
-    share = _NEAR_SHARE
+    near = _NEAR_SHARE * (found[1] - dual.bound)
     for _ in range(_NEAR_ROUNDS):
-        near = max(share * (found[1] - dual.bound), _USED_SHARE * abs(dual.bound))
-        keep = (dj <= near) | (x0 > 0)
+        keep = (dj <= max(near, _USED_SHARE * abs(dual.bound))) | (x0 > 0)
         lp = run(m.columns(keep), solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
         x = x0.copy()  # the decoded plan alone is a feasible LP solution
         if lp.x is not None:
             x = np.zeros(m.num_cols)
             x[keep] = lp.x
-        lam = _memory_multiplier(m, lp.y)
-        ascent.refine(dual.lam if lam is None else lam)
-        refined = ascent.result()
-        if refined.bound > dual.bound:
-            dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
+        lam = _memory_multiplier(m, lp.y, dual.lam)
+        if lam is not None:
+            ascent.refine(lam)
+            refined = ascent.result()
+            if refined.bound > dual.bound:
+                dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
         value = float(m.cost @ x) + m.offset
         if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
             break
-        share *= _NEAR_GROWTH
+        # too few columns: take every one priced within the LP's distance to the bound
+        near = max(_NEAR_GROWTH * near, value - dual.bound)
     values = _class_values(model, x)
     rounded = from_lp(p, values)
     if rounded is not None and rounded[1] < found[1]:
@@ -201,13 +202,18 @@ def relax(
     )
 
 
-def _memory_multiplier(m: Matrix, y: np.ndarray | None) -> float | None:
-    """The memory row's price in microseconds per MiB from an LP's row duals (None
-    without duals or a memory row: the only row with no lower bound)."""
+def _memory_multiplier(m: Matrix, y: np.ndarray | None, lam: float) -> float | None:
+    """The multiplier to settle the bound at: the memory row's price in microseconds per
+    MiB from an LP's row duals, or ``lam`` when the matrix has no memory row (the only
+    row with no lower bound). None without duals, or when the LP's row does not bind
+    while ``lam`` says it does (the LP's columns are then too few to tell)."""
     rows = np.flatnonzero(np.isneginf(m.row_lower))
-    if y is None or len(rows) != 1:
+    if y is None:
         return None
-    return max(0.0, -float(y[rows[0]]))
+    if len(rows) != 1:
+        return lam
+    price = max(0.0, -float(y[rows[0]]))
+    return None if price == 0.0 and lam > 0 else price
 
 
 def _binds(p: Problem, values: dict[str, np.ndarray]) -> bool:

@@ -1,0 +1,160 @@
+"""Tests for autoplan.ilp.dual: the bound by dual ascent and the column prices it gives."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autoplan.ilp.backends import run
+from autoplan.ilp.dual import Ascent, ascend, column_reduced_costs, decode
+from autoplan.ilp.incumbent import cost_of, from_plan, memory_of
+from autoplan.ilp.matrix import emit
+from autoplan.ilp.problem import Edge, Problem
+from autoplan.ilp.solve import _start_vector, relax
+from tests.test_matrix import _model, _random_problem, _routed_problem
+
+
+def _plans(p: Problem):
+    """Every plan that keeps the budget and has a finite cost, with its cost."""
+    for combo in itertools.product(*(range(len(c)) for c in p.linear.values())):
+        choice = dict(zip(p.linear, combo, strict=True))
+        if p.budget is not None and memory_of(p, choice) > p.budget:
+            continue
+        cost = cost_of(p, choice)
+        if math.isfinite(cost):
+            yield choice, cost
+
+
+def _duals(p: Problem):
+    """The dual before any sweep, after raise_bound, and refined at a wrong multiplier."""
+    fresh = Ascent(p)
+    yield fresh.result()
+    raised = Ascent(p)
+    raised.raise_bound()
+    yield raised.result()
+    raised.refine(3.0 * raised.result().lam + 1.0)
+    yield raised.result()
+
+
+PROBLEMS = [("pairs", s) for s in range(25)] + [("flows", s) for s in range(25)]
+
+
+@pytest.mark.parametrize("kind,seed", PROBLEMS)
+def test_every_plan_costs_at_least_the_bound_plus_each_of_its_columns_price(kind, seed):
+    """Whatever the messages: bound + d_j <= cost for every column j of every plan in budget."""
+    p = _random_problem(seed) if kind == "pairs" else _routed_problem(seed)
+    model = _model(p)
+    plans = list(_plans(p))
+    for dual in _duals(p):
+        dj = column_reduced_costs(p, model.emitted, dual)
+        assert (dj >= 0).all()
+        for choice, cost in plans:
+            assert dual.bound <= cost + 1e-9 * max(1.0, cost)
+            for r, i in choice.items():
+                assert dual.bound + dual.reduced[r][i] <= cost + 1e-7 * max(1.0, cost)
+            used = _start_vector(model, choice) > 0
+            assert (dual.bound + dj[used] <= cost + 1e-7 * max(1.0, cost)).all()
+
+
+@pytest.mark.parametrize("kind,seed", PROBLEMS)
+def test_bound_is_no_higher_than_the_lp_relaxation(kind, seed):
+    """The dual bound never passes the LP's optimum (it is a bound on the LP too)."""
+    p = _random_problem(seed) if kind == "pairs" else _routed_problem(seed)
+    em = emit(p)
+    if em.infeasible:  # then the matrix leaves out what cannot hold
+        return
+    m = em.matrix
+    lp = run(m, "cbc", mip=False, time_limit_s=None, mip_gap=0.0)
+    if lp.status != "optimal":
+        return
+    lp_bound = float(m.cost @ lp.x) + m.offset
+    assert ascend(p).bound <= lp_bound + 1e-7 * max(1.0, abs(lp_bound))
+
+
+def _chain(costs: list[list[float]], prices: list[np.ndarray]) -> Problem:
+    names = [f"n{k}" for k in range(len(costs))]
+    linear = {v: np.array(c, dtype=float) for v, c in zip(names, costs, strict=True)}
+    edges = [
+        Edge(u, v, np.arange(len(linear[u])), np.arange(len(linear[v])), price, f"{u} -> {v}")
+        for u, v, price in zip(names, names[1:], prices, strict=False)
+    ]
+    return Problem(linear, {}, edges, {v: v for v in names}, None)
+
+
+def test_sweeps_reach_the_optimum_of_a_chain():
+    """On a chain (a tree) the LP is tight: the sweeps' bound is the optimum and decodes to it."""
+    rng = np.random.default_rng(0)
+    sizes = [3, 4, 2, 5, 3]
+    p = _chain(
+        [list(rng.uniform(0, 10, n)) for n in sizes],
+        [rng.uniform(0, 5, (a, b)) for a, b in itertools.pairwise(sizes)],
+    )
+    best = min(cost for _, cost in _plans(p))
+    dual = ascend(p)
+    assert dual.bound == pytest.approx(best, rel=1e-6)
+    assert cost_of(p, decode(p, dual)) == pytest.approx(best, rel=1e-9)
+
+
+def test_memory_multiplier_lifts_the_bound_to_the_lp_under_a_binding_budget():
+    """Two weights that cannot both take their fast, big placement: λ > 0, bound = the LP's."""
+    p = Problem(
+        linear={"w1": np.array([1.0, 5.0]), "w2": np.array([1.0, 4.0]), "x": np.array([0.0, 1.0])},
+        memory={"w1": np.array([100.0, 10.0]), "w2": np.array([100.0, 10.0])},
+        edges=[
+            Edge("w1", "x", np.arange(2), np.arange(2), np.array([[0.0, 2.0], [1.0, 0.0]]), "w1 -> x"),
+            Edge("w2", "x", np.arange(2), np.arange(2), np.array([[0.0, 1.0], [3.0, 0.0]]), "w2 -> x"),
+        ],  # fmt: skip
+        rep={"w1": "w1", "w2": "w2", "x": "x"},
+        budget=120.0,
+    )
+    m = emit(p).matrix
+    lp = run(m, "cbc", mip=False, time_limit_s=None, mip_gap=0.0)
+    lp_bound = float(m.cost @ lp.x) + m.offset
+    dual = ascend(p)
+    assert dual.lam > 0
+    assert dual.bound > ascend(Problem(p.linear, p.memory, p.edges, p.rep, None)).bound
+    assert dual.bound == pytest.approx(lp_bound, rel=1e-3)
+    assert dual.bound <= min(cost for _, cost in _plans(p)) + 1e-9
+
+
+def test_plan_over_the_budget_is_brought_within_it_at_the_least_cost_per_byte():
+    """from_plan sheds memory where it costs least per byte saved, then improves the rest."""
+    p = Problem(
+        linear={"a": np.array([0.0, 10.0, 3.0]), "b": np.array([0.0, 2.0])},
+        memory={"a": np.array([100.0, 10.0, 60.0]), "b": np.array([100.0, 10.0])},
+        edges=[],
+        rep={"a": "a", "b": "b"},
+        budget=150.0,
+    )
+    found = from_plan(p, {"a": 0, "b": 0})
+    assert found is not None
+    choice, cost = found
+    assert memory_of(p, choice) <= 150.0
+    assert choice == {"a": 0, "b": 1} and cost == 2.0
+    tight = Problem(p.linear, p.memory, [], p.rep, 10.0)  # nothing fits
+    assert from_plan(tight, {"a": 0, "b": 0}) is None
+
+
+def test_relax_bound_and_fixing_keep_the_optimum_on_routed_problems():
+    """relax's bound is below the optimum and its kept columns hold an optimal plan."""
+    for seed in range(25):
+        p = _routed_problem(seed)
+        plans = list(_plans(p))
+        if not plans:
+            continue
+        choice, best = min(plans, key=lambda cp: cp[1])
+        model = _model(p)
+        rel = relax(model)
+        assert rel.bound <= best + 1e-9 * max(1.0, best)
+        keep = rel.keep()
+        if keep is not None:
+            used = _start_vector(model, choice) > 0
+            optimal_kept = any(
+                keep[_start_vector(model, c) > 0].all()
+                for c, cost in plans
+                if cost <= best + 1e-9 * max(1.0, best)
+            )
+            assert optimal_kept, (seed, used)
