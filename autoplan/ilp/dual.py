@@ -48,7 +48,7 @@ from autoplan.ilp.problem import Problem
 # than this share of it (_LOOSE while λ is searched, _TIGHT at the LP's λ), or after
 # _MAX_SWEEPS pairs.
 _LOOSE = 1e-4
-_TIGHT = 1e-6
+_TIGHT = 1e-5
 _MAX_SWEEPS = 200
 # The λ search stops when the λ best for the converged messages is this close to λ
 # (relative), or after _LAMBDA_STEPS secant steps.
@@ -146,8 +146,9 @@ class _Ascent:
         self.lam = lam
 
     def bound(self) -> float:
-        total = sum(float(np.min(t)) for t in self.theta.values())
-        total += sum(float(np.min(f)) for f in self.phi if f.size)
+        low = np.minimum.reduce  # the ufunc itself: np.min's wrapper costs more than the work
+        total = sum(float(low(t)) for t in self.theta.values())
+        total += sum(float(low(f, axis=None)) for f in self.phi if f.size)
         if self.lam and self.p.budget is not None:
             total -= self.lam * self.p.budget / MEMORY_UNIT
         return total
@@ -156,7 +157,7 @@ class _Ascent:
         """Move every edge's row minima at class r into r (each edge's minimum becomes 0)."""
         t = self.theta[r]
         for end in self.ends[r]:
-            c = end.mat.min(axis=1)
+            c = np.minimum.reduce(end.mat, axis=1)
             if end.guard:
                 c = np.where(np.isfinite(c), c, 0.0)
             end.mat -= c[:, None]
@@ -169,7 +170,7 @@ class _Ascent:
         if not ahead:
             return
         t = self.theta[r]
-        above = t - float(np.min(t))
+        above = t - np.minimum.reduce(t)
         for end in ahead:  # hand a share of what lies above the minimum back
             nu = share * np.minimum.reduceat(above[end.order], end.starts)
             end.mat += nu[:, None]

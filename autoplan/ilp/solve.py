@@ -227,7 +227,7 @@ def _binds(p: Problem, values: dict[str, np.ndarray]) -> bool:
 _USED_SHARE = 1e-5
 # ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
 # _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
-_NEAR_SHARE = 0.01
+_NEAR_SHARE = 0.05
 _NEAR_GROWTH = 5.0
 _NEAR_ROUNDS = 3
 _MET = 0.05
