@@ -52,7 +52,7 @@ class PlanConfig:
     """Tie the variables of nodes that repeated identical layers make alike (see
     :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
     untie_under_budget: bool = True
-    """With ``cluster_layers`` and a memory budget the LP relaxation spends in full, let
+    """With ``cluster_layers`` and a memory budget the relaxation spends in full, let
     twin layers take different strategies where that is cheaper: an untied ILP runs between
     the tied LP and the tied MIP (see :mod:`autoplan.ilp.untie`); never a dearer plan."""
     prune_dominated: bool = True
@@ -63,9 +63,10 @@ class PlanConfig:
     placements, and run that chain when applying (see :mod:`autoplan.cost.routes`);
     false prices and runs DTensor's one-step redistribution only."""
     reduced_cost_fixing: bool = True
-    """Solve the LP relaxation first, round it to a plan, and give the MIP that plan as
-    a warm start with every variable the LP bound rules out fixed to 0 (see
-    :mod:`autoplan.ilp.solve`); exact, and much faster under a memory budget."""
+    """Bound the relaxation first (dual ascent, then the LP over the columns that bound
+    prices near zero), round it to a plan, and give the MIP that plan as a warm start
+    with every variable the bound rules out fixed to 0 (see :mod:`autoplan.ilp.solve`);
+    exact, and much faster under a memory budget."""
     topology: Topology = field(default_factory=Topology)
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from autoplan.ilp.backends import run
-from autoplan.ilp.dual import Ascent, ascend, column_reduced_costs, decode
+from autoplan.ilp.dual import Ascent, ascend
+from autoplan.ilp.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.incumbent import cost_of, from_plan, memory_of
 from autoplan.ilp.matrix import emit
 from autoplan.ilp.problem import Edge, Problem
-from autoplan.ilp.solve import _start_vector, relax
+from autoplan.ilp.relax import _start_vector, relax
 from tests.test_matrix import _model, _random_problem, _routed_problem
 
 
@@ -104,8 +105,12 @@ def test_memory_multiplier_lifts_the_bound_to_the_lp_under_a_binding_budget():
         linear={"w1": np.array([1.0, 5.0]), "w2": np.array([1.0, 4.0]), "x": np.array([0.0, 1.0])},
         memory={"w1": np.array([100.0, 10.0]), "w2": np.array([100.0, 10.0])},
         edges=[
-            Edge("w1", "x", np.arange(2), np.arange(2), np.array([[0.0, 2.0], [1.0, 0.0]]), "w1 -> x"),
-            Edge("w2", "x", np.arange(2), np.arange(2), np.array([[0.0, 1.0], [3.0, 0.0]]), "w2 -> x"),
+            Edge(
+                "w1", "x", np.arange(2), np.arange(2), np.array([[0.0, 2.0], [1.0, 0.0]]), "w1 -> x"
+            ),
+            Edge(
+                "w2", "x", np.arange(2), np.arange(2), np.array([[0.0, 1.0], [3.0, 0.0]]), "w2 -> x"
+            ),
         ],  # fmt: skip
         rep={"w1": "w1", "w2": "w2", "x": "x"},
         budget=120.0,

@@ -483,10 +483,12 @@ def test_solver_stopped_still_returns_the_plan_decoded_from_the_bound(meta_mlp, 
     import torch
 
     import autoplan
+    from autoplan.ilp import relax as relax_module
     from autoplan.ilp import solve as solve_module
     from autoplan.ilp.backends import RunResult
 
-    monkeypatch.setattr(solve_module, "run", lambda *a, **k: RunResult("stopped", None))
+    for module in (relax_module, solve_module):
+        monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))
     config = autoplan.PlanConfig(time_limit_s=2.0)
     plan = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
     assert plan.status == "time_limit"
@@ -499,11 +501,13 @@ def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, m
     import torch
 
     import autoplan
+    from autoplan.ilp import relax as relax_module
     from autoplan.ilp import solve as solve_module
     from autoplan.ilp.backends import RunResult
 
-    monkeypatch.setattr(solve_module, "run", lambda *a, **k: RunResult("stopped", None))
-    monkeypatch.setattr(solve_module, "from_plan", lambda *a, **k: None)
+    for module in (relax_module, solve_module):
+        monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))
+    monkeypatch.setattr(relax_module, "from_plan", lambda *a, **k: None)
     config = autoplan.PlanConfig(time_limit_s=2.0)
     with pytest.raises(ValueError, match=r"plan.time_limit_s \(2.0 s\).*raise plan.time_limit_s"):
         autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)

@@ -3,8 +3,9 @@ r"""Stage 5b-pre, dual: the LP relaxation's bound and reduced costs by dual asce
 Input: a reduced :class:`~autoplan.ilp.problem.Problem`. Output: a :class:`Dual`
 holding a lower bound on the cost of every plan, per class strategy a reduced
 cost (a plan taking that strategy costs at least the bound plus it), the memory
-multiplier, and the edge potentials from which :func:`column_reduced_costs`
-prices every column of the emitted matrix in the same sense.
+multiplier, and the edge potentials from which
+:func:`~autoplan.ilp.dual_prices.column_reduced_costs` prices every column of the
+emitted matrix in the same sense.
 
 Why: solved by a general simplex, the LP relaxation was the solve stage's
 longest step (LLaMA3-70B's tied LP: about 33 000 dual simplex iterations,
@@ -30,8 +31,12 @@ the row minima of its edges (which leaves every edge's minimum at 0), then
 hands an equal share of what lies above its own minimum back to the edges
 toward the classes it visits next; this never lowers the bound (the scheme of
 TRW-S and SRMP for pairwise models). Sweeps alternate forward and backward
-until the bound stops rising; λ is found by golden-section search on the
-concave bound, each step warm-started from the last messages.
+until the bound stops rising. λ: with the messages settled at λ, the λ best
+for them lies on the side of the bound's peak, and secant steps on that
+difference find it to about 1 %; :meth:`Ascent.refine` then settles the
+messages at a better λ when one is known (the LP's memory dual, see
+:mod:`autoplan.ilp.relax`). :mod:`autoplan.ilp.dual_prices` reads the column
+prices and a plan off the result.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.matrix import MEMORY_UNIT, Emitted, _Flow
+from autoplan.ilp.matrix import MEMORY_UNIT
 from autoplan.ilp.problem import Problem
 
 # A run of sweeps stops when one forward-and-backward pair raises the bound by less
@@ -369,75 +374,3 @@ def _finish(st: _Ascent, sweeps: int) -> Dual:
                 reduced[r] = reduced[r] + np.where(end.group >= 0, rows[end.safe], 0.0)
     reduced = {r: np.where(np.isnan(v), 0.0, v) for r, v in reduced.items()}
     return Dual(bound, reduced, lam, sweeps, theta, phi, a, b)
-
-
-def column_reduced_costs(p: Problem, em: Emitted, dual: Dual) -> np.ndarray:
-    """Per column of ``em``'s matrix, a d_j >= 0 such that every plan whose solution
-    uses column j costs at least ``dual.bound + d_j``.
-
-    A strategy column takes its class's reduced cost. A pair column (g, h) of edge e
-    adds to φ_e(g, h) - min φ_e the cheapest reduced cost of the strategies in each
-    group, less the part of it that e itself contributed. A flow arc x -> y lies on a
-    route from g's state to h's of price at least dist(g, x) + w + dist(y, h), so its
-    d_j is that route's least excess over the same terms.
-    """
-    d = np.zeros(em.matrix.num_cols)
-    with np.errstate(invalid="ignore"):  # inf - inf on groups no strategy can reach
-        _fill(p, em, dual, d)
-    return np.where(np.isnan(d), 0.0, np.maximum(d, 0.0))  # nan: keep the column
-
-
-def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
-    for r, cols in em.class_cols.items():
-        sel = cols >= 0
-        d[cols[sel]] = dual.reduced[r][sel]
-    for k, e in enumerate(p.edges):
-        phi = dual.phi[k]
-        low = float(np.min(phi))
-        side = []
-        for cls, group, axis in ((e.src, e.src_group, 0), (e.dst, e.dst_group, 1)):
-            size = phi.shape[axis]
-            red = np.full(size, np.inf)
-            ok = group >= 0
-            np.minimum.at(red, group[ok], dual.reduced[cls][ok])
-            own = phi.min(axis=1 - axis) - low
-            side.append(np.where(np.isfinite(red), red - own, np.inf))
-        u, v = side
-        cols = em.edge_cols[k]
-        if isinstance(cols, _Flow):
-            net = cols.net
-            dist = net.dist
-            into = dist[np.ix_(cols.row_state, net.arc_src)] - dual.a[k][:, None] + u[:, None]
-            out = dist[np.ix_(net.arc_dst, cols.col_state)] - dual.b[k][None, :] + v[None, :]
-            arc = into.min(axis=0) + net.arc_cost + out.min(axis=1) - low
-            d[cols.first_col + np.arange(len(arc))] = arc
-        else:
-            sel = cols >= 0
-            pair = phi - low + u[:, None] + v[None, :]
-            d[cols[sel]] = pair[sel]
-
-
-def decode(p: Problem, dual: Dual) -> dict[str, int]:
-    """A plan read off the potentials: the classes in order, each taking its cheapest
-    strategy given the classes decided before it (their rows of the shared edges) and
-    the cheapest completion of the rest (the edges' row minima). It may exceed the
-    budget: :func:`~autoplan.ilp.incumbent.from_plan` repairs it."""
-    ends: dict[str, list[tuple[int, bool]]] = {r: [] for r in p.linear}
-    for k, e in enumerate(p.edges):
-        ends[e.src].append((k, True))
-        ends[e.dst].append((k, False))
-    choice: dict[str, int] = {}
-    for r in p.linear:
-        score = dual.theta[r].copy()
-        for k, is_src in ends[r]:
-            e, phi = p.edges[k], dual.phi[k]
-            other = e.dst if is_src else e.src
-            if other in choice:
-                at = (e.dst_group if is_src else e.src_group)[choice[other]]
-                vec = phi[:, at] if is_src else phi[at]
-            else:
-                vec = phi.min(axis=1 if is_src else 0)
-            group = e.src_group if is_src else e.dst_group
-            score = score + np.where(group >= 0, vec[np.maximum(group, 0)], np.inf)
-        choice[r] = int(np.argmin(score))
-    return choice

@@ -7,16 +7,18 @@ CBC ships inside PuLP, so planning needs no extra install; HiGHS
 (``highspy``) is used when asked for and installed. Both get the same arrays
 (:mod:`autoplan.ilp.backends`).
 
-Reduced-cost fixing (``fixing=True``), exact: solve the LP relaxation first
-(bound ``LB``, reduced costs ``d``), round it to a feasible plan of cost
-``UB`` (:mod:`autoplan.ilp.incumbent`), then solve the MIP with that plan as
-warm start and every variable with ``d_j > UB - LB`` fixed to 0. Any plan
-using such a variable costs at least ``LB + d_j > UB`` (LP duality), so no
-plan cheaper than the incumbent is cut off, and the incumbent itself stays.
-The memory row makes the LP fractional and the branch and bound long; on
-LLaMA3-8B the fixing drops two thirds of the variables and most of the tree.
+Reduced-cost fixing (``fixing=True``), exact: first a lower bound ``LB`` and,
+per column j, a price ``d_j`` such that every plan using column j costs at
+least ``LB + d_j`` (:mod:`autoplan.ilp.dual`, by dual ascent on the problem's
+structure), and a feasible plan of cost ``UB`` (decoded from the bound, or
+rounded from an LP, :mod:`autoplan.ilp.incumbent`); then the MIP with that
+plan as warm start and every column with ``d_j > UB - LB`` left out. No plan
+cheaper than the incumbent is cut off, and the incumbent itself stays. The
+memory row makes the LP fractional and the branch and bound long; on LLaMA3-8B
+the fixing drops two thirds of the variables and most of the tree.
 
-The relaxation is its own step (:func:`relax`, then ``solve(relaxed=...)``) so
+The relaxation is its own stage (:mod:`autoplan.ilp.relax`, then
+``solve(relaxed=...)``) so
 that the untie stage (:mod:`autoplan.ilp.untie`) can run between the two and
 hand the MIP a ``cutoff``: a plan known to cost that much replaces UB in the
 test above when it is lower.
@@ -33,10 +35,13 @@ import numpy as np
 
 from autoplan.ilp.backends import SOLVERS, check_solver, run
 from autoplan.ilp.build import IlpModel
-from autoplan.ilp.dual import Ascent, column_reduced_costs, decode
-from autoplan.ilp.incumbent import cost_of, from_lp, from_plan, memory_of
-from autoplan.ilp.matrix import Matrix
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.relax import (
+    Relaxation,
+    _class_values,
+    _start_vector,
+    _valid_cost,
+    relax,
+)
 
 __all__ = ["SOLVERS", "Relaxation", "Solution", "relax", "solve"]
 
@@ -66,233 +71,6 @@ class Solution:
         if not math.isfinite(self.bound_us) or not self.objective_us:
             return math.nan
         return max(0.0, (self.objective_us - self.bound_us) / abs(self.objective_us))
-
-
-def _per_class(
-    model: IlpModel, vec: np.ndarray, *, absent: float, lone: float
-) -> dict[str, np.ndarray]:
-    """Column vector ``vec`` read per class and strategy: ``absent`` where a strategy has
-    no column, ``lone`` on a class's only strategy."""
-    out = {}
-    for r, cols in model.emitted.class_cols.items():
-        v = np.where(cols >= 0, vec[np.maximum(cols, 0)], absent)
-        if r in model.emitted.fixed:
-            v[model.emitted.fixed[r]] = lone
-        out[r] = v
-    return out
-
-
-def _class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Each class's value per strategy (0 where it has no column; 1 on a lone strategy)."""
-    return _per_class(model, x, absent=0.0, lone=1.0)
-
-
-def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
-    """The column values of plan ``choice`` (one strategy per class): the warm start."""
-    em, p = model.emitted, model.reduced
-    x = np.zeros(em.matrix.num_cols)
-    for r, cols in em.class_cols.items():
-        if cols[choice[r]] >= 0:
-            x[cols[choice[r]]] = 1.0
-    for k, e in enumerate(p.edges):
-        x[em.move_columns(k, e.src_group[choice[e.src]], e.dst_group[choice[e.dst]])] = 1.0
-    return x
-
-
-@dataclass(frozen=True)
-class Relaxation:
-    """What the LP relaxation and the incumbent give the MIP (:func:`relax`).
-
-    ``bound`` is the LP bound; ``choice`` the incumbent plan per class (None when the
-    rounding found none) and ``start`` its column values; ``x`` and ``dj`` the LP's
-    column values and reduced costs; ``lp_values[r]`` and ``lp_reduced[r]`` the same per
-    strategy of class r (a lone strategy has value 1 and reduced cost 0, one that cannot
-    be chosen value 0 and reduced cost inf); ``seconds`` the time it took.
-    """
-
-    bound: float = math.nan
-    stats: dict[str, float] | None = None
-    choice: dict[str, int] | None = None
-    start: np.ndarray | None = None
-    x: np.ndarray | None = None
-    dj: np.ndarray | None = None
-    lp_values: dict[str, np.ndarray] | None = None
-    lp_reduced: dict[str, np.ndarray] | None = None
-    binds: bool = False
-    seconds: float = 0.0
-
-    @property
-    def upper(self) -> float:
-        """The incumbent's cost (inf without one)."""
-        return (self.stats or {}).get("incumbent_us", math.inf)
-
-    def keep(self, cutoff: float = math.inf) -> np.ndarray | None:
-        """The columns a plan cheaper than both the incumbent and ``cutoff`` may use, by the
-        LP's reduced costs, and the incumbent's own (None: no incumbent, keep all)."""
-        if self.choice is None or self.x is None or self.dj is None or self.start is None:
-            return None
-        upper = min(self.upper, cutoff)
-        # margin for the LP's tolerances, far below any price difference that matters
-        gap = upper - self.bound + 1e-6 * max(1.0, abs(upper))
-        return ~((self.x <= 1e-9) & (self.dj > gap) & (self.start == 0.0))
-
-
-def relax(
-    model: IlpModel,
-    *,
-    solver: str = "cbc",
-    time_limit_s: float | None = None,
-    start: Mapping[str, int] | None = None,
-) -> Relaxation:
-    """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
-    ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
-    drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.dual`); when no
-    plan can be decoded from it, from the LP relaxation solved by ``solver``.
-    :func:`solve` polishes the incumbent when no cheaper plan is known from elsewhere."""
-    check_solver(solver)
-    began = time.perf_counter()
-    m, p = model.emitted.matrix, model.reduced
-    if model.infeasible or not m.num_cols:
-        return Relaxation()
-    ascent = Ascent(p)
-    ascent.raise_bound()
-    dual = ascent.result()
-    found = from_plan(p, decode(p, dual))
-    if found is None:
-        return _relax_lp(model, solver, time_limit_s, start, began)
-    dj = column_reduced_costs(p, model.emitted, dual)
-    # The LP over the columns the bound prices near zero: its optimum is the full LP's
-    # or near it, found in a fraction of the time. It says which strategies the
-    # relaxation uses, rounds to a better plan than the decoded one, and its memory
-    # row's dual is the multiplier at which the sweeps then settle the bound. When the
-    # two do not meet, the columns were too few: the share grows.
-    x0 = _start_vector(model, found[0])
-    near = _NEAR_SHARE * (found[1] - dual.bound)
-    for _ in range(_NEAR_ROUNDS):
-        keep = (dj <= max(near, _USED_SHARE * abs(dual.bound))) | (x0 > 0)
-        lp = run(m.columns(keep), solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
-        x = x0.copy()  # the decoded plan alone is a feasible LP solution
-        if lp.x is not None:
-            x = np.zeros(m.num_cols)
-            x[keep] = lp.x
-        lam = _memory_multiplier(m, lp.y, dual.lam)
-        if lam is not None:
-            ascent.refine(lam)
-            refined = ascent.result()
-            if refined.bound > dual.bound:
-                dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
-        value = float(m.cost @ x) + m.offset
-        if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
-            break
-        # too few columns: take every one priced within the LP's distance to the bound
-        near = max(_NEAR_GROWTH * near, value - dual.bound)
-    values = _class_values(model, x)
-    rounded = from_lp(p, values)
-    if rounded is not None and rounded[1] < found[1]:
-        found = rounded
-    found = _with_start(model, found, start)
-    reduced = {r: dual.reduced[r] for r in model.emitted.class_cols}
-    stats = {
-        "lp_bound_us": dual.bound,
-        "sweeps": float(dual.sweeps),
-        "lp_columns": float(keep.sum()),
-    }
-    return _relaxation(
-        model, dual.bound, stats, found, x, dj, values, reduced, _binds(p, values), began
-    )
-
-
-def _memory_multiplier(m: Matrix, y: np.ndarray | None, lam: float) -> float | None:
-    """The multiplier to settle the bound at: the memory row's price in microseconds per
-    MiB from an LP's row duals, or ``lam`` when the matrix has no memory row (the only
-    row with no lower bound). None without duals, or when the LP's row does not bind
-    while ``lam`` says it does (the LP's columns are then too few to tell)."""
-    rows = np.flatnonzero(np.isneginf(m.row_lower))
-    if y is None:
-        return None
-    if len(rows) != 1:
-        return lam
-    price = max(0.0, -float(y[rows[0]]))
-    return None if price == 0.0 and lam > 0 else price
-
-
-def _binds(p: Problem, values: dict[str, np.ndarray]) -> bool:
-    """Whether the relaxation's solution spends all of the memory budget."""
-    used = sum(float(np.dot(mem, values[r])) for r, mem in p.memory.items() if r in values)
-    return p.budget is not None and used >= p.budget * (1 - _SLACK)
-
-
-# The LP of relax keeps the columns whose dual reduced cost is within this share of the
-# bound...
-_USED_SHARE = 1e-5
-# ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
-# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
-_NEAR_SHARE = 0.05
-_NEAR_GROWTH = 5.0
-_NEAR_ROUNDS = 3
-_MET = 0.05
-
-
-def _with_start(
-    model: IlpModel,
-    found: tuple[dict[str, int], float] | None,
-    start: Mapping[str, int] | None,
-) -> tuple[dict[str, int], float] | None:
-    """The cheaper of the rounded plan ``found`` and ``start`` (when valid)."""
-    if start is None:
-        return found
-    known = {r: int(start[r]) for r in model.reduced.linear}
-    cost = _valid_cost(model, known)
-    if found is None or cost < found[1]:
-        return (known, cost) if math.isfinite(cost) else found
-    return found
-
-
-def _relaxation(
-    model: IlpModel,
-    bound: float,
-    stats: dict[str, float],
-    found: tuple[dict[str, int], float] | None,
-    x: np.ndarray,
-    dj: np.ndarray,
-    values: dict[str, np.ndarray],
-    reduced: dict[str, np.ndarray],
-    binds: bool,
-    began: float,
-) -> Relaxation:
-    choice = x0 = None
-    if found is not None:
-        choice, upper = found
-        stats["rounded_us"] = stats["incumbent_us"] = upper
-        x0 = _start_vector(model, choice)
-    seconds = time.perf_counter() - began
-    return Relaxation(bound, stats, choice, x0, x, dj, values, reduced, binds, seconds)
-
-
-def _relax_lp(
-    model: IlpModel,
-    solver: str,
-    time_limit_s: float | None,
-    start: Mapping[str, int] | None,
-    began: float,
-) -> Relaxation:
-    """:func:`relax` by the LP relaxation solved with ``solver``."""
-    m, p = model.emitted.matrix, model.reduced
-    lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
-    if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return Relaxation(seconds=time.perf_counter() - began)
-    bound = float(m.cost @ lp.x) + m.offset
-    values = _class_values(model, lp.x)
-    reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
-    found = _with_start(model, from_lp(p, values), start)
-    stats = {"lp_bound_us": bound}
-    return _relaxation(
-        model, bound, stats, found, lp.x, lp.dj, values, reduced, _binds(p, values), began
-    )
-
-
-# The LP's memory row binds when it uses all but this share of the budget.
-_SLACK = 1e-6
 
 
 # The restricted MIP of _polish keeps columns whose reduced cost is within this share of
@@ -349,14 +127,6 @@ def _read_choice(model: IlpModel, x: np.ndarray) -> dict[str, int]:
         r: int(np.argmax(np.where(np.isfinite(c), values[r], -1.0)))
         for r, c in model.reduced.linear.items()
     }
-
-
-def _valid_cost(model: IlpModel, choice: dict[str, int]) -> float:
-    """The exact cost of a class choice, or inf if it breaks an edge or the memory budget."""
-    p = model.reduced
-    if p.budget is not None and p.memory and memory_of(p, choice) > p.budget * (1 + 1e-9):
-        return math.inf
-    return cost_of(p, choice)
 
 
 def solve(
