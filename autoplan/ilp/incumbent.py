@@ -1,8 +1,10 @@
-"""Stage 5b-pre, incumbent: a good feasible plan from the LP relaxation, in numpy.
+"""Stage 5b-pre, incumbent: a good feasible plan from the relaxation, in numpy.
 
-Input: a reduced :class:`~autoplan.ilp.problem.Problem` and the LP
-relaxation's values of each class's strategy variables. Output: one strategy
-per class that meets every constraint, and its exact cost; or None.
+Input: a reduced :class:`~autoplan.ilp.problem.Problem` and either the LP
+relaxation's values of each class's strategy variables (:func:`from_lp`) or a
+plan decoded from the dual bound, which may exceed the memory budget
+(:func:`from_plan`). Output: one strategy per class that meets every
+constraint, and its exact cost; or None.
 
 Why: the solver proves optimality faster the closer its first solution is to
 the optimum. The solve stage uses this plan twice: as the MIP's warm start,
@@ -14,7 +16,8 @@ How: the LP relaxation of this ILP is integral except around the memory row
 takes, of the strategies the LP uses, the one with the smallest footprint
 (so the budget still holds), else the one the LP weighs most; then rounds of
 one-class moves take the cheapest strategy of each class given the others,
-within the budget, until none improves.
+within the budget, until none improves. A decoded plan over the budget first
+sheds memory, one weight class at a time, where that costs least per byte saved.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ How: the tied LP relaxation says where to look. When the copies are exact
 twins, its solution copied to every copy is optimal for the untied LP too
 (the bounds agree on LLaMA3-8B at 2 and 32 layers) and its duals split evenly
 over the copies, so a plan whose copy takes strategy i of class r costs at
-least ``LB + d[r,i] / copies`` (LB the LP bound, d the tied reduced cost). Each
-weight (a node with a memory footprint) keeps the strategies within the tied
-incumbent's gap by that measure; every other node keeps the strategies the LP
-uses, plus the incumbent's own. The untied ILP over those (one node per copy)
+least ``LB + d[r,i] / copies`` (LB the tied bound, d its reduced cost, both from
+:mod:`autoplan.ilp.relax`). Each weight (a node with a memory footprint) keeps
+the strategies within the tied incumbent's gap by that measure; every other
+node keeps the strategies the LP uses, plus the incumbent's own. The untied ILP over those (one node per copy)
 starts from the incumbent, stops within 0.1 % of its own bound and is given as
 long as the relaxation took, and at least 10 s; if its plan is still more than
 0.1 % above the tied LP bound, a second pass applies the reduced-cost test to
@@ -58,7 +58,7 @@ _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's to
 _CLOSE = 1e-3
 _MAX_GROWTH = 4
 # The untied solve may take this many times the tied relaxation's seconds (at least _MIN_S).
-# The relaxation is now the bare LP, often well under a second: with _MIN_S = 2 the second
+# The relaxation takes well under two seconds even on LLaMA3-70B: with _MIN_S = 2 the second
 # pass on the tiny LLaMA of tests/test_prune.py (4 layers, 2x2, binding budget, HiGHS,
 # 134 503 columns) stopped with no plan and the result was 1124.07 us, 0.77 % above the
 # untied optimum 1115.54 us that it finds in 5.7-6.3 s.
