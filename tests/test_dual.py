@@ -163,3 +163,15 @@ def test_relax_bound_and_fixing_keep_the_optimum_on_routed_problems():
                 if cost <= best + 1e-9 * max(1.0, best)
             )
             assert optimal_kept, (seed, used)
+
+
+def test_sweeps_stop_at_the_time_limit_with_a_valid_bound():
+    """Out of time the ascent stops sweeping and searching λ, and its bound still holds."""
+    p = _routed_problem(24)
+    free = Ascent(p)
+    free.raise_bound()
+    ascent = Ascent(p, time_limit_s=0.0)
+    ascent.raise_bound()
+    assert ascent.sweeps <= 2 < free.sweeps  # one at λ = 0, one at the first λ tried
+    dual = ascent.result()
+    assert all(dual.bound <= cost + 1e-9 * max(1.0, cost) for _, cost in _plans(p))

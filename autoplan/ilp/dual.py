@@ -42,6 +42,7 @@ prices and a plan off the result.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,7 @@ class _Ascent:
 
     def __init__(self, p: Problem) -> None:
         self.p = p
+        self.deadline: float | None = None  # perf_counter time at which sweeping stops
         self.names = list(p.linear)
         pos = {r: n for n, r in enumerate(self.names)}
         self.lam = 0.0
@@ -191,6 +193,8 @@ class _Ascent:
             now = self.bound()
             if not math.isfinite(now) or now - last <= rise * max(1.0, abs(now)):
                 return n  # an infinite bound: some edge has no possible move
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                return n  # out of time: the bound so far is as valid
             last = now
         return _MAX_SWEEPS
 
@@ -228,8 +232,10 @@ class Ascent:
     """Dual ascent on one problem: :meth:`raise_bound` first, :meth:`refine` at a known
     memory multiplier after, :meth:`result` at any point."""
 
-    def __init__(self, p: Problem) -> None:
+    def __init__(self, p: Problem, *, time_limit_s: float | None = None) -> None:
         self._st = _Ascent(p)
+        if time_limit_s is not None:
+            self._st.deadline = time.perf_counter() + time_limit_s
         self.sweeps = 0
 
     def raise_bound(self) -> None:
@@ -285,6 +291,8 @@ def _search_lam(st: _Ascent) -> int:
     gb = g(b) if b > 0 else 0.0
     for _ in range(_LAMBDA_STEPS):
         if abs(gb) <= _LAMBDA_RTOL * b or b == a:
+            break
+        if st.deadline is not None and time.perf_counter() > st.deadline:
             break
         c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
         if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step

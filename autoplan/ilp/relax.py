@@ -122,7 +122,7 @@ def relax(
     m, p = model.emitted.matrix, model.reduced
     if model.infeasible or not m.num_cols:
         return Relaxation()
-    ascent = Ascent(p)
+    ascent = Ascent(p, time_limit_s=time_limit_s)
     ascent.raise_bound()
     dual = ascent.result()
     found = from_plan(p, decode(p, dual))
