@@ -69,7 +69,9 @@ class Dual:
     ``reduced[r][i]``: a plan in which class r takes strategy i costs at least
     ``bound + reduced[r][i]`` (inf where i cannot be chosen). ``lam`` is the memory
     multiplier in microseconds per MiB (0 without a binding budget); ``sweeps`` the
-    forward-and-backward sweeps it took.
+    forward-and-backward sweeps it took. ``theta`` and ``phi`` are the class and edge
+    potentials (inf where nothing can be chosen), ``a`` and ``b`` each edge's messages
+    at its source and destination, all indexed like the problem's own arrays.
     """
 
     bound: float

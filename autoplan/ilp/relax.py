@@ -69,13 +69,15 @@ def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Relaxation:
-    """What the LP relaxation and the incumbent give the MIP (:func:`relax`).
+    """What the relaxation and the incumbent give the MIP (:func:`relax`).
 
-    ``bound`` is the LP bound; ``choice`` the incumbent plan per class (None when the
-    rounding found none) and ``start`` its column values; ``x`` and ``dj`` the LP's
-    column values and reduced costs; ``lp_values[r]`` and ``lp_reduced[r]`` the same per
-    strategy of class r (a lone strategy has value 1 and reduced cost 0, one that cannot
-    be chosen value 0 and reduced cost inf); ``seconds`` the time it took.
+    ``bound`` is a lower bound on every plan; ``choice`` the incumbent plan per class
+    (None when none was found) and ``start`` its column values; ``x`` the LP's column
+    values and ``dj`` each column's price (a plan using column j costs at least
+    ``bound + dj[j]``); ``lp_values[r]`` and ``lp_reduced[r]`` the same per strategy of
+    class r (a lone strategy has value 1 and price 0, one that cannot be chosen value 0
+    and price inf); ``binds`` whether the LP spends the whole memory budget;
+    ``seconds`` the time it took.
     """
 
     bound: float = math.nan
@@ -96,11 +98,11 @@ class Relaxation:
 
     def keep(self, cutoff: float = math.inf) -> np.ndarray | None:
         """The columns a plan cheaper than both the incumbent and ``cutoff`` may use, by the
-        LP's reduced costs, and the incumbent's own (None: no incumbent, keep all)."""
+        column prices ``dj``, and the incumbent's own (None: no incumbent, keep all)."""
         if self.choice is None or self.x is None or self.dj is None or self.start is None:
             return None
         upper = min(self.upper, cutoff)
-        # margin for the LP's tolerances, far below any price difference that matters
+        # margin for rounding and the LP's tolerances, far below any price that matters
         gap = upper - self.bound + 1e-6 * max(1.0, abs(upper))
         return ~((self.x <= 1e-9) & (self.dj > gap) & (self.start == 0.0))
 
@@ -161,7 +163,7 @@ def relax(
     found = _with_start(model, found, start)
     reduced = {r: dual.reduced[r] for r in model.emitted.class_cols}
     stats = {
-        "lp_bound_us": dual.bound,
+        "bound_us": dual.bound,
         "sweeps": float(dual.sweeps),
         "lp_columns": float(keep.sum()),
     }
@@ -253,7 +255,7 @@ def _relax_lp(
     values = _class_values(model, lp.x)
     reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
     found = _with_start(model, from_lp(p, values), start)
-    stats = {"lp_bound_us": bound}
+    stats = {"bound_us": bound}
     return _relaxation(
         model, bound, stats, found, lp.x, lp.dj, values, reduced, _binds(p, values), began
     )
