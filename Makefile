@@ -23,7 +23,7 @@ test: lint
 	$(VENV)/bin/pytest -q -m "not slow"
 
 test-slow: lint
-	$(VENV)/bin/pytest -q -m "slow and not very_slow"
+	$(VENV)/bin/pytest -q -m slow
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
