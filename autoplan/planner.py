@@ -262,8 +262,8 @@ def _plan_traced(
     if not solution.choice:
         raise ValueError(
             f"plan.time_limit_s ({config.time_limit_s} s): the solver stopped before it "
-            "found any plan (the LP relaxation alone takes longer on this model); raise "
-            "plan.time_limit_s."
+            "found any plan (no plan could be read off the bound, and the LP relaxation "
+            "and the MIP ran out of time); raise plan.time_limit_s."
         )
     if solution.status == "time_limit":
         gap = solution.gap
