@@ -10,10 +10,10 @@ Why: the solve stage leaves out every column priced above the incumbent's gap
 (:mod:`autoplan.ilp.solve`), and the LP of :mod:`autoplan.ilp.relax` runs over
 the columns priced near zero. The prices are min-marginals of the dual's
 potentials, which rule out more than the LP's own reduced costs. With the
-same cutoff (the untied plan's cost), the MIP keeps 15 024 of LLaMA3-70B's
-159 869 columns against 59 960 by the whole LP's reduced costs, and 10 874 of
-8B native 2 layers' 75 172 against 25 965, although each dual bound sits
-slightly below the LP's.
+planned plan's cost as cutoff, fixing keeps 15 178 of LLaMA3-70B's 159 869
+columns against 60 256 by the whole LP's reduced costs, and 10 883 of 8B
+native 2 layers' 75 172 against 25 987, although each dual bound sits slightly
+below the LP's (``python scripts/relax_vs_lp.py CONFIG``).
 """
 
 from __future__ import annotations
