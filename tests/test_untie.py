@@ -122,20 +122,24 @@ def test_planner_unties_a_budgeted_mlp_stack_to_the_untied_optimum():
     assert untied.objective_us == pytest.approx(plain.objective_us, rel=1e-6)
 
 
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
 @pytest.mark.parametrize("seed", FEASIBLE_MEMORY_SEEDS)
-def test_cutoff_keeps_every_plan_cheaper_than_it(seed):
+def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):
     """A cutoff above the optimum still finds it (with more columns fixed); one below it
-    returns a valid plan no cheaper than the optimum, still proved optimal."""
+    returns a valid plan no cheaper than the optimum, still proved optimal, and the
+    cutoff is then a bound."""
     costs = _random_costs(seed, memory=True)
     footprints = sorted({_memory(costs, c) for c in _combos(costs)})
     budget = footprints[len(footprints) // 2]
     best = _brute_force(costs, budget=budget)
     model = build_ilp(costs, memory_budget_bytes=budget)
-    plain = solve(model)
-    above = solve(model, cutoff=best * 1.001 + 1e-3)
+    plain = solve(model, solver=solver)
+    above = solve(model, solver=solver, cutoff=best * 1.001 + 1e-3)
     assert above.status == "optimal" and above.objective_us == pytest.approx(best)
     assert above.stats.get("fixed", 0) >= plain.stats.get("fixed", 0)
-    below = solve(model, cutoff=best * 0.9)
+    below = solve(model, solver=solver, cutoff=best * 0.9999)
     assert below.status == "optimal" and below.objective_us >= best - 1e-9
+    if model.emitted.matrix.num_cols:  # else solved outright, with no MIP and no bound
+        assert below.bound_us >= best * 0.9999 - 1e-6
     assert _total(costs, below.choice) == pytest.approx(below.objective_us)
     assert _memory(costs, below.choice) <= budget

@@ -66,19 +66,30 @@ def run(
     time_limit_s: float | None,
     mip_gap: float,
     start: np.ndarray | None = None,
+    cutoff: float | None = None,
 ) -> RunResult:
-    """Solve ``m`` (its LP relaxation when ``mip`` is False) with ``solver``."""
+    """Solve ``m`` (its LP relaxation when ``mip`` is False) with ``solver``.
+
+    ``cutoff`` (MIP only): look only for solutions cheaper than it. When none exists,
+    CBC says ``infeasible``; HiGHS stops once its bound passes the cutoff and returns
+    its best solution (perhaps ``start``) as ``optimal``, with that bound.
+    """
     check_solver(solver)
     if solver == "highs":
-        return _run_highs(m, mip, time_limit_s, mip_gap, start)
-    return _run_cbc(m, mip, time_limit_s, mip_gap, start)
+        return _run_highs(m, mip, time_limit_s, mip_gap, start, cutoff)
+    return _run_cbc(m, mip, time_limit_s, mip_gap, start, cutoff)
 
 
 # ----------------------------------------------------------------------------- HiGHS
 
 
 def _run_highs(
-    m: Matrix, mip: bool, time_limit_s: float | None, mip_gap: float, start: np.ndarray | None
+    m: Matrix,
+    mip: bool,
+    time_limit_s: float | None,
+    mip_gap: float,
+    start: np.ndarray | None,
+    cutoff: float | None,
 ) -> RunResult:
     import highspy
 
@@ -86,6 +97,8 @@ def _run_highs(
     h.setOptionValue("output_flag", False)
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
+    if mip and cutoff is not None:
+        h.setOptionValue("objective_bound", float(cutoff))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     lp = highspy.HighsLp()
     lp.num_col_ = m.num_cols
@@ -239,7 +252,12 @@ def _read_solution(
 
 
 def _run_cbc(
-    m: Matrix, mip: bool, time_limit_s: float | None, mip_gap: float, start: np.ndarray | None
+    m: Matrix,
+    mip: bool,
+    time_limit_s: float | None,
+    mip_gap: float,
+    start: np.ndarray | None,
+    cutoff: float | None,
 ) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="autoplan-cbc-") as tmp:
         model, sol = os.path.join(tmp, "model.mps"), os.path.join(tmp, "model.sol")
@@ -251,6 +269,8 @@ def _run_cbc(
             args += ["-mips", mst]
         if time_limit_s is not None:
             args += ["-sec", str(float(time_limit_s))]
+        if mip and cutoff is not None:
+            args += ["-cutoff", repr(float(cutoff))]
         # Primal heuristics rarely pay on this ILP (its LP relaxation is nearly integral)
         # and the dual simplex suits its re-solves: on LLaMA3-8B 2 layers with a memory
         # budget, 21 s -> 6 s, same optimum. For an LP, -dualS is the whole solve: a
