@@ -175,3 +175,22 @@ def test_sweeps_stop_at_the_time_limit_with_a_valid_bound():
     assert ascent.sweeps <= 2 < free.sweeps  # one at λ = 0, one at the first λ tried
     dual = ascent.result()
     assert all(dual.bound <= cost + 1e-9 * max(1.0, cost) for _, cost in _plans(p))
+
+
+def test_knapsack_questions_match_the_per_class_answers():
+    """The laid-out memory classes answer 'over budget at λ?' and the bound's λ part as a
+    loop over the classes would, ties included (first cheapest strategy)."""
+    from autoplan.ilp.dual import _Knapsack
+
+    rng = np.random.default_rng(0)
+    base = [rng.choice([1.0, 2.0, 3.0, np.inf], int(rng.integers(1, 6))) for _ in range(40)]
+    for b in base:
+        b[0] = 1.0  # every class keeps a finite strategy
+    mib = [rng.choice([1.0, 4.0, 9.0], len(b)) for b in base]
+    budget = 0.5 * sum(float(m.max()) for m in mib)
+    sack = _Knapsack(base, mib, budget)
+    for lam in (0.0, 0.05, 0.25, 1.0, 3.0):
+        used = sum(float(m[np.argmin(b + lam * m)]) for b, m in zip(base, mib, strict=True))
+        low = sum(float(np.min(b + lam * m)) for b, m in zip(base, mib, strict=True))
+        assert sack.over(lam) == (used > budget)
+        assert sack.value(lam) == pytest.approx(low - lam * budget)

@@ -317,37 +317,56 @@ def _best_lam(st: _Ascent) -> float:
     """The λ >= 0 that maximizes the bound with the messages held: where the memory of
     each class's cheapest strategy, summed, stops exceeding the budget."""
     p = st.p
-    base = {r: st.theta[r] - st.lam * m / MEMORY_UNIT for r, m in p.memory.items()}
-    mib = {r: m / MEMORY_UNIT for r, m in p.memory.items()}
-    budget = float(p.budget) / MEMORY_UNIT  # type: ignore[arg-type]
-
-    def over(lam: float) -> bool:
-        used = sum(float(mib[r][np.argmin(t + lam * mib[r])]) for r, t in base.items())
-        return used > budget
-
-    if not over(0.0):
+    sack = _Knapsack(
+        [st.theta[r] - st.lam * m / MEMORY_UNIT for r, m in p.memory.items()],
+        [m / MEMORY_UNIT for m in p.memory.values()],
+        float(p.budget) / MEMORY_UNIT,  # type: ignore[arg-type]
+    )
+    if not sack.over(0.0):
         return 0.0
     lo, hi = 0.0, max(st.lam, 1e-6)
-    while over(hi):
+    while sack.over(hi):
         lo, hi = hi, 2.0 * hi
         if hi > 1e15:
             return lo
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if over(mid):
+        if sack.over(mid):
             lo = mid
         else:
             hi = mid
         if hi - lo <= 1e-12 * hi:
             break
     # the bound is concave in λ and its slope changes sign in [lo, hi]: take the better end
-    return max((lo, hi), key=lambda lam: _value(base, mib, budget, lam))
+    return max((lo, hi), key=sack.value)
 
 
-def _value(
-    base: dict[str, np.ndarray], mib: dict[str, np.ndarray], budget: float, lam: float
-) -> float:
-    return sum(float(np.min(t + lam * mib[r])) for r, t in base.items()) - lam * budget
+class _Knapsack:
+    """The memory classes' potentials without λ (``base``) and footprints in MiB, laid
+    end to end so that each question about a λ is a few array operations, whatever the
+    number of classes (an untied model has one per weight copy)."""
+
+    def __init__(self, base: list[np.ndarray], mib: list[np.ndarray], budget: float) -> None:
+        self.base, self.mib = np.concatenate(base), np.concatenate(mib)
+        lengths = np.array([len(b) for b in base])
+        self.starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        self.lengths, self.budget = lengths, budget
+
+    def _lows(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
+        v = self.base + lam * self.mib
+        return v, np.minimum.reduceat(v, self.starts)
+
+    def over(self, lam: float) -> bool:
+        """Whether each class's cheapest strategy at ``lam`` (the first, on a tie), summed,
+        exceeds the budget."""
+        v, low = self._lows(lam)
+        at = np.flatnonzero(v == np.repeat(low, self.lengths))
+        _, first = np.unique(np.searchsorted(self.starts, at, side="right"), return_index=True)
+        return float(self.mib[at[first]].sum()) > self.budget
+
+    def value(self, lam: float) -> float:
+        """The part of the bound that depends on λ."""
+        return float(self._lows(lam)[1].sum()) - lam * self.budget
 
 
 def _finish(st: _Ascent, sweeps: int) -> Dual:
