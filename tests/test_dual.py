@@ -180,7 +180,7 @@ def test_sweeps_stop_at_the_time_limit_with_a_valid_bound():
 def test_knapsack_questions_match_the_per_class_answers():
     """The laid-out memory classes answer 'over budget at λ?' and the bound's λ part as a
     loop over the classes would, ties included (first cheapest strategy)."""
-    from autoplan.ilp.dual import _Knapsack
+    from autoplan.ilp.memory_price import _Knapsack
 
     rng = np.random.default_rng(0)
     base = [rng.choice([1.0, 2.0, 3.0, np.inf], int(rng.integers(1, 6))) for _ in range(40)]

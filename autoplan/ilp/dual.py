@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.ilp.matrix import MEMORY_UNIT
+from autoplan.ilp.memory_price import best_lam, budget_can_bind
 from autoplan.ilp.problem import Problem
 
 # A run of sweeps stops when one forward-and-backward pair raises the bound by less
@@ -223,13 +224,6 @@ class _Ascent:
             self._visit(r, False)
 
 
-def _budget_can_bind(p: Problem) -> bool:
-    if p.budget is None or not p.memory:
-        return False
-    most = sum(float(m[p.allowed(r)].max()) for r, m in p.memory.items())
-    return most > p.budget
-
-
 class Ascent:
     """Dual ascent on one problem: :meth:`raise_bound` first, :meth:`refine` at a known
     memory multiplier after, :meth:`result` at any point."""
@@ -243,18 +237,20 @@ class Ascent:
     def raise_bound(self) -> None:
         """Sweeps and, under a budget that can bind, a search for λ (to about 1 %)."""
         self.sweeps += self._st.converge()
-        if _budget_can_bind(self._st.p):
+        if budget_can_bind(self._st.p):
             self.sweeps += _search_lam(self._st)
 
-    def refine(self, lam: float) -> None:
+    def refine(self, lam: float) -> bool:
         """Sweep at multiplier ``lam`` (e.g. the LP's) until the bound settles; kept only
-        if the bound rises."""
+        if the bound rises, which the return value says."""
         st = self._st
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
         self.sweeps += st.converge(_TIGHT)
-        if not st.bound() > before:
-            st.restore(snap)
+        if st.bound() > before:
+            return True
+        st.restore(snap)
+        return False
 
     def result(self) -> Dual:
         return _finish(self._st, self.sweeps)
@@ -270,7 +266,7 @@ def ascend(p: Problem) -> Dual:
 def _search_lam(st: _Ascent) -> int:
     """Find λ where the bound, maximized over the messages, peaks; returns the sweeps.
 
-    With the messages converged at λ, the λ that is best for them (:func:`_best_lam`)
+    With the messages converged at λ, the λ that is best for them (:func:`~autoplan.ilp.memory_price.best_lam`)
     lies on the side of the peak: ``g(λ) = best - λ`` is positive below it and
     negative above it. Secant steps on g find its root (Illinois rule once it is
     bracketed), each step's messages warm-started from the last; the messages and λ
@@ -286,9 +282,9 @@ def _search_lam(st: _Ascent) -> int:
         now = st.bound()
         if now > best[0]:
             best = (now, st.snapshot())
-        return _best_lam(st) - lam
+        return best_lam(st.p, st.theta, st.lam) - lam
 
-    a, ga = 0.0, _best_lam(st)
+    a, ga = 0.0, best_lam(st.p, st.theta, st.lam)
     b = ga
     gb = g(b) if b > 0 else 0.0
     for _ in range(_LAMBDA_STEPS):
@@ -311,62 +307,6 @@ def _search_lam(st: _Ascent) -> int:
         b, gb = c, gc
     st.restore(best[1])
     return sweeps
-
-
-def _best_lam(st: _Ascent) -> float:
-    """The λ >= 0 that maximizes the bound with the messages held: where the memory of
-    each class's cheapest strategy, summed, stops exceeding the budget."""
-    p = st.p
-    sack = _Knapsack(
-        [st.theta[r] - st.lam * m / MEMORY_UNIT for r, m in p.memory.items()],
-        [m / MEMORY_UNIT for m in p.memory.values()],
-        float(p.budget) / MEMORY_UNIT,  # type: ignore[arg-type]
-    )
-    if not sack.over(0.0):
-        return 0.0
-    lo, hi = 0.0, max(st.lam, 1e-6)
-    while sack.over(hi):
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e15:
-            return lo
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if sack.over(mid):
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    # the bound is concave in λ and its slope changes sign in [lo, hi]: take the better end
-    return max((lo, hi), key=sack.value)
-
-
-class _Knapsack:
-    """The memory classes' potentials without λ (``base``) and footprints in MiB, laid
-    end to end so that each question about a λ is a few array operations, whatever the
-    number of classes (an untied model has one per weight copy)."""
-
-    def __init__(self, base: list[np.ndarray], mib: list[np.ndarray], budget: float) -> None:
-        self.base, self.mib = np.concatenate(base), np.concatenate(mib)
-        lengths = np.array([len(b) for b in base])
-        self.starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        self.lengths, self.budget = lengths, budget
-
-    def _lows(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
-        v = self.base + lam * self.mib
-        return v, np.minimum.reduceat(v, self.starts)
-
-    def over(self, lam: float) -> bool:
-        """Whether each class's cheapest strategy at ``lam`` (the first, on a tie), summed,
-        exceeds the budget."""
-        v, low = self._lows(lam)
-        at = np.flatnonzero(v == np.repeat(low, self.lengths))
-        _, first = np.unique(np.searchsorted(self.starts, at, side="right"), return_index=True)
-        return float(self.mib[at[first]].sum()) > self.budget
-
-    def value(self, lam: float) -> float:
-        """The part of the bound that depends on λ."""
-        return float(self._lows(lam)[1].sum()) - lam * self.budget
 
 
 def _finish(st: _Ascent, sweeps: int) -> Dual:

@@ -64,8 +64,13 @@ def _options(p: Problem, r: str, choice: dict[str, int], edges: list[tuple[Edge,
     return total
 
 
-def _improve(p: Problem, choice: dict[str, int], rounds: int) -> None:
-    incident = _incident(p)
+def _improve(
+    p: Problem,
+    choice: dict[str, int],
+    rounds: int,
+    incident: dict[str, list[tuple[Edge, bool]]] | None = None,
+) -> None:
+    incident = incident if incident is not None else _incident(p)
     budget = p.budget if p.budget is not None and p.memory else None
     used = memory_of(p, choice) if budget is not None else 0.0
     for _ in range(rounds):
@@ -124,8 +129,8 @@ def from_plan(
     choice = dict(choice)
     if not np.isfinite(cost_of(p, choice)):
         return None
+    incident = _incident(p)
     if p.budget is not None and p.memory:
-        incident = _incident(p)
         used = memory_of(p, choice)
         while used > p.budget:
             best, pick = np.inf, None
@@ -143,5 +148,5 @@ def from_plan(
             r, j = pick
             used -= p.memory[r][choice[r]] - p.memory[r][j]
             choice[r] = j
-    _improve(p, choice, rounds)
+    _improve(p, choice, rounds, incident)
     return choice, cost_of(p, choice)

@@ -147,10 +147,10 @@ def relax(
             x[keep] = lp.x
         lam = _memory_multiplier(m, lp.y, dual.lam)
         if lam is not None:
-            ascent.refine(lam)
-            refined = ascent.result()
-            if refined.bound > dual.bound:
-                dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
+            if ascent.refine(lam):
+                refined = ascent.result()
+                if refined.bound > dual.bound:
+                    dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
         value = float(m.cost @ x) + m.offset
         if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
             break
@@ -161,14 +161,13 @@ def relax(
     if rounded is not None and rounded[1] < found[1]:
         found = rounded
     found = _with_start(model, found, start)
-    reduced = {r: dual.reduced[r] for r in model.emitted.class_cols}
     stats = {
         "bound_us": dual.bound,
         "sweeps": float(dual.sweeps),
         "lp_columns": float(keep.sum()),
     }
     return _relaxation(
-        model, dual.bound, stats, found, x, dj, values, reduced, _binds(p, values), began
+        model, dual.bound, stats, found, x, dj, values, dual.reduced, _binds(p, values), began
     )
 
 
