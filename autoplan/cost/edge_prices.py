@@ -24,6 +24,7 @@ sums run in the same order as ``cost_us``'s, so the floats are the same.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,7 +79,10 @@ class EdgePricer:
         self._divisibility: list[Divisibility] = []  # by id
         self._term_ids: dict[Term, int] = {}
         self._terms: list[Term] = []
-        self._pairs: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
+        # Per (row, column, divisibility) pair, as one int key (see _layout): its move's id.
+        self._moves: dict[int, int] = {}
+        self._move_index: dict[tuple[int, ...] | None, int] = {}
+        self._move_list: list[tuple[int, ...] | None] = []
         self._forms: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
@@ -91,15 +95,21 @@ class EdgePricer:
         dtype_bytes: int,
     ) -> np.ndarray:
         """``cost[r, c] = redist.cost_us(rows[r], cols[c], shape, dtype_bytes)``, all at once."""
+        return self.matrix_of_ids(self.ids(rows), self.ids(cols), shape, dtype_bytes)
+
+    def matrix_of_ids(
+        self, rows: tuple[int, ...], cols: tuple[int, ...], shape: tuple[int, ...], dtype_bytes: int
+    ) -> np.ndarray:
+        """:meth:`matrix` of placement tuples already turned into :meth:`ids`."""
         divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
         div = self._divisible.get(divisible)
         if div is None:
             div = self._divisible[divisible] = len(self._divisibility)
             self._divisibility.append(divisible)
-        key = (self.ids(rows), self.ids(cols), div)
+        key = (rows, cols, div)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = self._layout(key[0], key[1], div, shape)
+            layout = self._layouts[key] = self._layout(rows, cols, div, shape)
         numel = math.prod(shape) * dtype_bytes
         times = np.zeros(len(layout.terms) + 1)  # the last entry is the pad
         for k, term in enumerate(layout.terms):
@@ -136,20 +146,26 @@ class EdgePricer:
         div: int,
         shape: tuple[int, ...],
     ) -> _Layout:
-        # One dict lookup per pair, the rest per distinct move of the edge: on 3-axis meshes
-        # an edge has 10^4-10^5 pairs and this loop is most of the cost.
-        distinct: dict[tuple[int, ...] | None, int] = {}
-        index, get, unseen = distinct.setdefault, self._pairs.get, _UNSEEN
-        which: list[int] = []
-        for r in rows:
-            # Divisibility only decides whether _fuse merges a run of reduce-scatters, and
-            # a run needs two equal Partial source axes; other moves fit every shape.
-            d = div if self._reduces[r] else -1
-            for c in cols:
-                terms = get((r, c, d), unseen)
-                if terms is unseen:
-                    terms = self._pair(r, c, d, shape)
-                which.append(index(terms, len(distinct)))
+        # On 3-axis meshes an edge has 10^4-10^5 pairs: each pair is one int key and one
+        # dict lookup in C (map), and only the pairs never seen before walk in Python.
+        # Divisibility only decides whether _fuse merges a run of reduce-scatters, and a
+        # run needs two equal Partial source axes; other moves fit every shape.
+        r_ids = np.array(rows, dtype=np.int64)
+        d = np.where(np.array([self._reduces[r] for r in rows], dtype=bool), div, -1)
+        keys = (
+            (r_ids[:, None] << 40)
+            + (np.array(cols, dtype=np.int64)[None, :] << 16)
+            + (d[:, None] + 1)
+        )
+        flat = keys.ravel().tolist()
+        which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
+        for k in np.flatnonzero(which < 0).tolist():
+            r, c = divmod(k, len(cols))
+            which[k] = self._moves[flat[k]] = self._move_id(
+                self._pair(rows[r], cols[c], int(d[r]), shape)
+            )
+        present, inverse = np.unique(which, return_inverse=True)
+        distinct = [self._move_list[m] for m in present.tolist()]
         local: dict[int, int] = {}
         for terms in distinct:
             for t in terms or ():
@@ -159,18 +175,22 @@ class EdgePricer:
         for u, terms in enumerate(distinct):
             for k, t in enumerate(terms or ()):
                 table[u, k] = local[t]
-        moves_of = np.array(which, dtype=np.intp).reshape(len(rows), len(cols))
+        moves_of = inverse.reshape(len(rows), len(cols))
         slots = np.ascontiguousarray(np.moveaxis(table[moves_of], -1, 0))
-        impossible = moves_of == distinct.get(None, -1)
+        impossible = (present == self._move_id(None))[moves_of]
         return _Layout(tuple(local), slots, impossible)
+
+    def _move_id(self, terms: tuple[int, ...] | None) -> int:
+        """A small int per distinct move (its terms, or None when impossible)."""
+        m = self._move_index.get(terms)
+        if m is None:
+            m = self._move_index[terms] = len(self._move_list)
+            self._move_list.append(terms)
+        return m
 
     def _pair(self, src: int, dst: int, div: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """Term ids of one move; any shape with the same divisibility ``div`` (-1: any shape)
         gives the same."""
-        key = (src, dst, div)
-        terms = self._pairs.get(key, _UNSEEN)
-        if terms is not _UNSEEN:
-            return terms
         # The codes of redistribute.encode with labels and sharded dims both numbered by
         # first appearance: the walk depends on a dim only through which placements shard
         # it and, for a fused reduce-scatter, whether it divides evenly, so S(0)S(1) ->
@@ -200,7 +220,6 @@ class EdgePricer:
             found = moves(codes[:n], codes[n:], renumbered, self.redist.mesh_shape)
             terms = None if found is None else tuple(self._term(t) for t in found)
             self._forms[form] = terms
-        self._pairs[key] = terms
         return terms
 
     def _term(self, term: Term) -> int:

@@ -224,7 +224,9 @@ class Router:
         net_key = (state_ids, shape, dtype_bytes)
         net = self._nets.get(net_key)
         if net is None:
-            net = self._nets[net_key] = self._network(canon, extra, shape, dtype_bytes)
+            net = self._nets[net_key] = self._network(
+                canon + extra, canon_ids, tuple(extra_ids), shape, dtype_bytes
+            )
         pos = {s: k for k, s in enumerate(state_ids)}
         row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
         col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
@@ -240,22 +242,24 @@ class Router:
 
     def _network(
         self,
-        canon: list[Placements],
-        extra: list[Placements],
+        states: list[Placements],
+        canon: tuple[int, ...],
+        extra: tuple[int, ...],
         shape: tuple[int, ...],
         dtype_bytes: int,
     ) -> Network:
-        # Priced by blocks: the waypoint block's layout is shared by every network with the
-        # same waypoints and divisibility, whatever the edge adds.
-        states = canon + extra
-        direct = self.pricer.matrix(canon, canon, shape, dtype_bytes)
+        # Priced by blocks of placement ids (``states`` is canon then extra): the waypoint
+        # block's layout is shared by every network with the same waypoints and
+        # divisibility, whatever the edge adds.
+        price = self.pricer.matrix_of_ids
+        direct = price(canon, canon, shape, dtype_bytes)
         if extra:
             direct = np.block(
                 [
-                    [direct, self.pricer.matrix(canon, extra, shape, dtype_bytes)],
+                    [direct, price(canon, extra, shape, dtype_bytes)],
                     [
-                        self.pricer.matrix(extra, canon, shape, dtype_bytes),
-                        self.pricer.matrix(extra, extra, shape, dtype_bytes),
+                        price(extra, canon, shape, dtype_bytes),
+                        price(extra, extra, shape, dtype_bytes),
                     ],
                 ]
             )

@@ -117,6 +117,35 @@ class _End:
         return out
 
 
+class _Visit:
+    """What a visit to one class in one direction reads, laid out so that it costs a few
+    numpy calls per class and per edge: ``local`` maps every end's compact groups, stacked,
+    to the class's strategies; ``order``/``starts`` list the ends ahead's groups for one
+    ``reduceat`` and ``back`` maps the shares it yields to the strategies; ``ahead`` is
+    (position in ``ends``, slice of the shares) per end ahead; ``share`` what each gets."""
+
+    def __init__(self, ends: list[_End], is_ahead: list[bool]) -> None:
+        self.ends = ends
+        sizes = np.cumsum([0] + [end.mat.shape[0] for end in ends])
+        locals_ = [end.local + sizes[k] for k, end in enumerate(ends)]
+        self.local = locals_[0] if len(ends) == 1 else np.stack(locals_ or [np.zeros(0, int)])
+        n_ahead = sum(is_ahead)
+        self.share = 1.0 / max(n_ahead, len(ends) - n_ahead, 1)
+        self.order: np.ndarray | None = None
+        self.ahead: list[tuple[int, int, int]] = []
+        orders, starts, backs, lo = [], [], [], 0
+        for k, end in enumerate(ends):
+            if is_ahead[k] and len(end.order):
+                starts.append(end.starts + sum(len(o) for o in orders))
+                orders.append(end.order)
+                backs.append(end.local + lo)
+                self.ahead.append((k, lo, lo + len(end.starts)))
+                lo += len(end.starts)
+        if orders:
+            self.order, self.starts = np.concatenate(orders), np.concatenate(starts)
+            self.back = backs[0] if len(backs) == 1 else np.stack(backs)
+
+
 class _Ascent:
     """The dual's state: class potentials θ, compact edge potentials φ and the messages."""
 
@@ -140,13 +169,12 @@ class _Ascent:
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
-        # per class and direction: the ends toward classes visited later, and their share
-        self.ahead: dict[tuple[str, bool], tuple[list[_End], float]] = {}
+        self.visits = {
+            (r, forward): _Visit(ends, [(end.other > pos[r]) == forward for end in ends])
+            for r, ends in self.ends.items()
+            for forward in (True, False)
+        }
         for r, ends in self.ends.items():
-            for forward in (True, False):
-                ahead = [end for end in ends if (end.other > pos[r]) == forward]
-                share = 1.0 / max(len(ahead), len(ends) - len(ahead), 1)
-                self.ahead[r, forward] = (ahead, share)
             for end in ends:
                 self.theta[r][end.bad] = np.inf
 
@@ -163,29 +191,34 @@ class _Ascent:
             total -= self.lam * self.p.budget / MEMORY_UNIT
         return total
 
-    def collect(self, r: str) -> None:
-        """Move every edge's row minima at class r into r (each edge's minimum becomes 0)."""
-        t = self.theta[r]
-        for end in self.ends[r]:
+    def _visit(self, r: str, forward: bool) -> None:
+        """Take in every edge's row minima at class r (each edge's minimum becomes 0), then
+        hand an equal share of what lies above r's minimum back to the edges ahead. Each
+        edge's potentials and message change once, by what it gave less what it got back."""
+        plan = self.visits[r, forward]
+        ends = plan.ends
+        if not ends:
+            return
+        gave = []
+        for end in ends:
             c = np.minimum.reduce(end.mat, axis=1)
             if end.guard:
                 c = np.where(np.isfinite(c), c, 0.0)
+            gave.append(c)
+        t = self.theta[r]
+        if len(ends) == 1:
+            t += gave[0][plan.local]
+        else:
+            t += np.concatenate(gave)[plan.local].sum(axis=0)
+        if plan.order is not None:
+            above = t - np.minimum.reduce(t)
+            nu = plan.share * np.minimum.reduceat(above[plan.order], plan.starts)
+            t -= nu[plan.back].sum(axis=0) if plan.back.ndim == 2 else nu[plan.back]
+            for k, lo, hi in plan.ahead:
+                gave[k] = gave[k] - nu[lo:hi]
+        for end, c in zip(ends, gave, strict=True):
             end.mat -= c[:, None]
             end.msg += c
-            t += c[end.local]
-
-    def _visit(self, r: str, forward: bool) -> None:
-        self.collect(r)
-        ahead, share = self.ahead[r, forward]
-        if not ahead:
-            return
-        t = self.theta[r]
-        above = t - np.minimum.reduce(t)
-        for end in ahead:  # hand a share of what lies above the minimum back
-            nu = share * np.minimum.reduceat(above[end.order], end.starts)
-            end.mat += nu[:, None]
-            end.msg -= nu
-            t -= nu[end.local]
 
     def converge(self, rise: float = _LOOSE) -> int:
         """Sweep until a sweep raises the bound by less than ``rise`` of it; returns the
