@@ -69,7 +69,10 @@ def _dominated(f: np.ndarray, probe: int = 32, chunk: int = 512) -> np.ndarray:
     return out
 
 
-def _prune_round(p: Problem) -> int:
+def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
+    """One round over every class; ``seen`` holds each class's features from the round
+    before, and a class whose features have not changed since is skipped: it lost no
+    strategy then (or its features would be shorter now), so none dominates another."""
     incident: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
     for e in p.edges:
         incident[e.src].append((e, True))
@@ -79,7 +82,12 @@ def _prune_round(p: Problem) -> int:
         idx = np.flatnonzero(np.isfinite(cost))
         if len(idx) < 2:
             continue
-        drop = _dominated(_features(p, r, idx, incident[r]))
+        f = _features(p, r, idx, incident[r])
+        last = seen.get(r)
+        seen[r] = f
+        if last is not None and last.shape == f.shape and np.array_equal(last, f):
+            continue
+        drop = _dominated(f)
         if drop.any():
             bad[r] = idx[drop]
     for r, gone in bad.items():  # after the loop: every class judged against the same sets
@@ -90,8 +98,9 @@ def _prune_round(p: Problem) -> int:
 def prune_dominated(p: Problem, *, max_rounds: int = 50) -> int:
     """Remove dominated strategies to a fixpoint; returns how many were removed."""
     removed = 0
+    seen: dict[str, np.ndarray] = {}
     for _ in range(max_rounds):
-        n = _prune_round(p)
+        n = _prune_round(p, seen)
         if n == 0:
             break
         removed += n
