@@ -72,7 +72,9 @@ class Dual:
     multiplier in microseconds per MiB (0 without a binding budget); ``sweeps`` the
     forward-and-backward sweeps it took. ``theta`` and ``phi`` are the class and edge
     potentials (inf where nothing can be chosen), ``a`` and ``b`` each edge's messages
-    at its source and destination, all indexed like the problem's own arrays.
+    at its source and destination, all indexed like the problem's own arrays;
+    ``low[k]`` is min φ_k and ``margin[k]`` φ_k's minimum over each source group's row
+    and each destination group's column, less ``low[k]``.
     """
 
     bound: float
@@ -83,6 +85,8 @@ class Dual:
     phi: list[np.ndarray]
     a: list[np.ndarray]
     b: list[np.ndarray]
+    low: list[float]
+    margin: list[tuple[np.ndarray, np.ndarray]]
 
 
 class _End:
@@ -363,16 +367,21 @@ def _finish(st: _Ascent, sweeps: int) -> Dual:
             msg = a[end.k] if end.axis == 0 else b[end.k]
             theta[r] = theta[r] + msg[end.safe]
             theta[r][end.bad] = np.inf
-    lows = {r: float(np.min(t)) for r, t in theta.items()}
-    edge_low = [float(np.min(f)) for f in phi]
+    least = np.minimum.reduce
+    lows = {r: float(least(t)) for r, t in theta.items()}
+    edge_low = [float(least(f, axis=None)) for f in phi]
     bound = sum(lows.values()) + sum(edge_low)
     if lam and p.budget is not None:
         bound -= lam * p.budget / MEMORY_UNIT
     with np.errstate(invalid="ignore"):  # inf - inf where no plan exists at all
+        margin = [
+            (least(f, axis=1) - low, least(f, axis=0) - low)
+            for f, low in zip(phi, edge_low, strict=True)
+        ]
         reduced = {r: theta[r] - lows[r] for r in st.names}
         for r, ends in st.ends.items():
             for end in ends:
-                rows = phi[end.k].min(axis=1 - end.axis) - edge_low[end.k]
+                rows = margin[end.k][end.axis]
                 reduced[r] = reduced[r] + np.where(end.group >= 0, rows[end.safe], 0.0)
     reduced = {r: np.where(np.isnan(v), 0.0, v) for r, v in reduced.items()}
-    return Dual(bound, reduced, lam, sweeps, theta, phi, a, b)
+    return Dual(bound, reduced, lam, sweeps, theta, phi, a, b, edge_low, margin)

@@ -48,15 +48,14 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
         sel = cols >= 0
         d[cols[sel]] = dual.reduced[r][sel]
     for k, e in enumerate(p.edges):
-        phi = dual.phi[k]
-        low = float(np.min(phi))
+        phi, low = dual.phi[k], dual.low[k]
         side = []
         for cls, group, axis in ((e.src, e.src_group, 0), (e.dst, e.dst_group, 1)):
             size = phi.shape[axis]
             red = np.full(size, np.inf)
             ok = group >= 0
             np.minimum.at(red, group[ok], dual.reduced[cls][ok])
-            own = phi.min(axis=1 - axis) - low
+            own = dual.margin[k][axis]
             side.append(np.where(np.isfinite(red), red - own, np.inf))
         u, v = side
         cols = em.edge_cols[k]
