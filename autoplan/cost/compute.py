@@ -54,6 +54,7 @@ class ComputeModel:
         self.device = device
         self.mesh_shape = tuple(mesh_shape)
         self._flops: dict[tuple[Any, ...], int] = {}
+        self._static: dict[fx.Node, Any] = {}  # static_args per node, read once
 
     def time_us(self, ns: NodeStrategies, node: fx.Node, strategy: Strategy) -> float:
         """Kernel time of ``node`` run per ``strategy`` (0 for views and placeholders)."""
@@ -89,7 +90,10 @@ class ComputeModel:
         out_shapes: list[tuple[int, ...] | None],
     ) -> int:
         op = _FLOP_ALIASES.get(node.target, node.target)
-        key = (op, tuple(in_shapes), tuple(out_shapes), static_args(node))
+        static = self._static.get(node)
+        if static is None:
+            static = self._static[node] = static_args(node)
+        key = (op, tuple(in_shapes), tuple(out_shapes), static)
         cached = self._flops.get(key)
         if cached is not None:
             return cached
