@@ -213,11 +213,11 @@ class _Ascent:
         if len(ends) == 1:
             t += gave[0][plan.local]
         else:
-            t += np.concatenate(gave)[plan.local].sum(axis=0)
+            t += np.add.reduce(np.concatenate(gave)[plan.local], axis=0)
         if plan.order is not None:
             above = t - np.minimum.reduce(t)
             nu = plan.share * np.minimum.reduceat(above[plan.order], plan.starts)
-            t -= nu[plan.back].sum(axis=0) if plan.back.ndim == 2 else nu[plan.back]
+            t -= np.add.reduce(nu[plan.back], axis=0) if plan.back.ndim == 2 else nu[plan.back]
             for k, lo, hi in plan.ahead:
                 gave[k] = gave[k] - nu[lo:hi]
         for end, c in zip(ends, gave, strict=True):
