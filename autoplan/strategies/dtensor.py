@@ -156,7 +156,16 @@ def tensor_meta(val: torch.Tensor) -> TensorMeta:
 
 def is_masked_partial(p: Placement) -> bool:
     """The vocab-parallel embedding's partial (a sum with a mask step before it)."""
-    return isinstance(p, _MaskPartial)
+    # By exact type, remembered per class: isinstance on torch 2.13's placement classes
+    # goes through a slow metaclass check (see autoplan.placements).
+    t = type(p)
+    found = _MASKED.get(t)
+    if found is None:
+        found = _MASKED[t] = issubclass(t, _MaskPartial)
+    return found
+
+
+_MASKED: dict[type, bool] = {}
 
 
 def masked_partial_key(p: Placement) -> tuple[object, ...]:
