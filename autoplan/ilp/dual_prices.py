@@ -62,9 +62,13 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
         if isinstance(cols, _Flow):
             net = cols.net
             dist = net.dist
-            into = dist[np.ix_(cols.row_state, net.arc_src)] - dual.a[k][:, None] + u[:, None]
-            out = dist[np.ix_(net.arc_dst, cols.col_state)] - dual.b[k][None, :] + v[None, :]
-            arc = into.min(axis=0) + net.arc_cost + out.min(axis=1) - low
+            # the cheapest way into each state and out of it, then per arc by its ends'
+            # states: a network has far fewer states than moves
+            into = dist[cols.row_state] - dual.a[k][:, None] + u[:, None]
+            out = dist[:, cols.col_state] - dual.b[k][None, :] + v[None, :]
+            least = np.minimum.reduce
+            arc = least(into, axis=0)[net.arc_src] + net.arc_cost
+            arc = arc + least(out, axis=1)[net.arc_dst] - low
             d[cols.first_col + np.arange(len(arc))] = arc
         else:
             sel = cols >= 0
