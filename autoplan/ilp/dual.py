@@ -159,20 +159,26 @@ class _Ascent:
         self.names = list(p.linear)
         pos = {r: n for n, r in enumerate(self.names)}
         self.lam = 0.0
-        self.theta = {r: p.linear[r].astype(np.float64).copy() for r in self.names}
-        self.phi: list[np.ndarray] = []
+        # θ and φ are views into two flat buffers: the bound is then two reduceat calls
+        # and a snapshot two copies, not one call per class and per edge.
+        self._theta, cuts = _flat([p.linear[r].astype(np.float64) for r in self.names])
+        self.theta = dict(zip(self.names, cuts, strict=True))
+        self._theta_starts = _starts(cuts)
         self.pairs: list[tuple[_End, _End]] = []
         self.ends: dict[str, list[_End]] = {r: [] for r in self.names}
-        for k, e in enumerate(p.edges):
-            s = _End(k, 0, e.src_group, p.allowed(e.src))
-            d = _End(k, 1, e.dst_group, p.allowed(e.dst))
-            phi = np.array(e.cost[np.ix_(s.present, d.present)], dtype=np.float64)
-            s.attach(phi, e.cost.shape[0], pos[e.dst])
-            d.attach(phi.T, e.cost.shape[1], pos[e.src])
-            self.phi.append(phi)
+        compact = []
+        for e in p.edges:
+            s = _End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
+            d = _End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
+            compact.append(e.cost[np.ix_(s.present, d.present)].astype(np.float64))
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
+        self._phi, self.phi = _flat(compact)
+        self._phi_starts = _starts(self.phi)
+        for e, phi, (s, d) in zip(p.edges, self.phi, self.pairs, strict=True):
+            s.attach(phi, e.cost.shape[0], pos[e.dst])
+            d.attach(phi.T, e.cost.shape[1], pos[e.src])
         self.visits = {
             (r, forward): _Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()
@@ -188,9 +194,11 @@ class _Ascent:
         self.lam = lam
 
     def bound(self) -> float:
-        low = np.minimum.reduce  # the ufunc itself: np.min's wrapper costs more than the work
-        total = sum(float(low(t)) for t in self.theta.values())
-        total += sum(float(low(f, axis=None)) for f in self.phi if f.size)
+        low = np.minimum.reduceat
+        # summed in Python, left to right, as one float per class and per edge
+        total = sum(low(self._theta, self._theta_starts).tolist())
+        if len(self._phi_starts):
+            total += sum(low(self._phi, self._phi_starts).tolist())
         if self.lam and self.p.budget is not None:
             total -= self.lam * self.p.budget / MEMORY_UNIT
         return total
@@ -240,16 +248,14 @@ class _Ascent:
 
     def snapshot(self) -> tuple:
         msgs = [(s.msg.copy(), d.msg.copy()) for s, d in self.pairs]
-        theta = {r: t.copy() for r, t in self.theta.items()}
-        return self.lam, theta, [f.copy() for f in self.phi], msgs
+        return self.lam, self._theta.copy(), self._phi.copy(), msgs
 
     def restore(self, snap: tuple) -> None:
         """Back to a snapshot, in place (the ends hold views of the arrays)."""
         self.lam, theta, phi, msgs = snap
-        for r, t in theta.items():
-            np.copyto(self.theta[r], t)
+        np.copyto(self._theta, theta)
+        np.copyto(self._phi, phi)
         for k, (s, d) in enumerate(self.pairs):
-            np.copyto(self.phi[k], phi[k])
             np.copyto(s.msg, msgs[k][0])
             np.copyto(d.msg, msgs[k][1])
 
@@ -259,6 +265,22 @@ class _Ascent:
             self._visit(r, True)
         for r in reversed(self.names):
             self._visit(r, False)
+
+
+def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One buffer holding ``arrays`` back to back, and a view of it shaped like each."""
+    buf = np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
+    views, at = [], 0
+    for a in arrays:
+        views.append(buf[at : at + a.size].reshape(a.shape))
+        at += a.size
+    return buf, views
+
+
+def _starts(views: list[np.ndarray]) -> np.ndarray:
+    """Where each non-empty view begins in its buffer (for ``reduceat``)."""
+    offsets = np.cumsum([0] + [v.size for v in views])[:-1]
+    return np.array([o for o, v in zip(offsets.tolist(), views, strict=True) if v.size], np.intp)
 
 
 class Ascent:
