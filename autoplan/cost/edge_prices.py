@@ -149,7 +149,9 @@ class EdgePricer:
         # On 3-axis meshes an edge has 10^4-10^5 pairs: each pair is one int key and one
         # dict lookup in C (map), and only the pairs never seen before walk in Python.
         # Divisibility only decides whether _fuse merges a run of reduce-scatters, and a
-        # run needs two equal Partial source axes; other moves fit every shape.
+        # run needs two equal Partial source axes; other moves fit every shape. A key packs
+        # (row id, column id, divisibility + 1) in 23, 24 and 16 bits: a run has a few
+        # thousand placement tuples and a handful of divisibilities.
         r_ids = np.array(rows, dtype=np.int64)
         d = np.where(np.array([self._reduces[r] for r in rows], dtype=bool), div, -1)
         keys = (

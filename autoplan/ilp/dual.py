@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.ilp.dual_layout import End, Visit, flat, starts
 from autoplan.ilp.matrix import MEMORY_UNIT
 from autoplan.ilp.memory_price import best_lam, budget_can_bind
 from autoplan.ilp.problem import Problem
@@ -89,67 +90,6 @@ class Dual:
     margin: list[tuple[np.ndarray, np.ndarray]]
 
 
-class _End:
-    """One end of an edge at a class, with the edge's potentials kept compact: only the
-    groups an allowed strategy maps to, ``mat`` indexed (this end's group, the other's)
-    (the transpose, a view, at the destination end) and this end's message ``msg``."""
-
-    def __init__(self, k: int, axis: int, group: np.ndarray, ok: np.ndarray) -> None:
-        self.k, self.axis, self.group = k, axis, group
-        self.safe = np.maximum(group, 0)
-        self.bad = (group < 0) & ok  # an allowed strategy with no group cannot be chosen
-        members = np.flatnonzero(ok & (group >= 0))
-        self.order = members[np.argsort(group[members], kind="stable")]
-        self.present, self.starts = np.unique(group[self.order], return_index=True)
-        local = np.zeros(int(group.max(initial=0)) + 1, dtype=np.int64)
-        local[self.present] = np.arange(len(self.present))
-        self.local = local[self.safe]  # compact group of each strategy (0 if none)
-        self.size = 0
-        self.mat = np.zeros((0, 0))
-        self.msg = np.zeros(0)
-        self.guard = False  # some row of mat has no finite price
-        self.other = 0  # the position of the class at the other end
-
-    def attach(self, mat: np.ndarray, size: int, other: int) -> None:
-        self.mat, self.size, self.other = mat, size, other
-        self.msg = np.zeros(mat.shape[0])
-        self.guard = bool((~np.isfinite(mat)).all(axis=1).any())
-
-    def full_message(self) -> np.ndarray:
-        out = np.zeros(self.size)
-        out[self.present] = self.msg
-        return out
-
-
-class _Visit:
-    """What a visit to one class in one direction reads, laid out so that it costs a few
-    numpy calls per class and per edge: ``local`` maps every end's compact groups, stacked,
-    to the class's strategies; ``order``/``starts`` list the ends ahead's groups for one
-    ``reduceat`` and ``back`` maps the shares it yields to the strategies; ``ahead`` is
-    (position in ``ends``, slice of the shares) per end ahead; ``share`` what each gets."""
-
-    def __init__(self, ends: list[_End], is_ahead: list[bool]) -> None:
-        self.ends = ends
-        sizes = np.cumsum([0] + [end.mat.shape[0] for end in ends])
-        locals_ = [end.local + sizes[k] for k, end in enumerate(ends)]
-        self.local = locals_[0] if len(ends) == 1 else np.stack(locals_ or [np.zeros(0, int)])
-        n_ahead = sum(is_ahead)
-        self.share = 1.0 / max(n_ahead, len(ends) - n_ahead, 1)
-        self.order: np.ndarray | None = None
-        self.ahead: list[tuple[int, int, int]] = []
-        orders, starts, backs, lo = [], [], [], 0
-        for k, end in enumerate(ends):
-            if is_ahead[k] and len(end.order):
-                starts.append(end.starts + sum(len(o) for o in orders))
-                orders.append(end.order)
-                backs.append(end.local + lo)
-                self.ahead.append((k, lo, lo + len(end.starts)))
-                lo += len(end.starts)
-        if orders:
-            self.order, self.starts = np.concatenate(orders), np.concatenate(starts)
-            self.back = backs[0] if len(backs) == 1 else np.stack(backs)
-
-
 class _Ascent:
     """The dual's state: class potentials θ, compact edge potentials φ and the messages."""
 
@@ -161,26 +101,26 @@ class _Ascent:
         self.lam = 0.0
         # θ and φ are views into two flat buffers: the bound is then two reduceat calls
         # and a snapshot two copies, not one call per class and per edge.
-        self._theta, cuts = _flat([p.linear[r].astype(np.float64) for r in self.names])
+        self._theta, cuts = flat([p.linear[r].astype(np.float64) for r in self.names])
         self.theta = dict(zip(self.names, cuts, strict=True))
-        self._theta_starts = _starts(cuts)
-        self.pairs: list[tuple[_End, _End]] = []
-        self.ends: dict[str, list[_End]] = {r: [] for r in self.names}
+        self._theta_starts = starts(cuts)
+        self.pairs: list[tuple[End, End]] = []
+        self.ends: dict[str, list[End]] = {r: [] for r in self.names}
         compact = []
         for e in p.edges:
-            s = _End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
-            d = _End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
+            s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
+            d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
             compact.append(e.cost[np.ix_(s.present, d.present)].astype(np.float64))
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
-        self._phi, self.phi = _flat(compact)
-        self._phi_starts = _starts(self.phi)
+        self._phi, self.phi = flat(compact)
+        self._phi_starts = starts(self.phi)
         for e, phi, (s, d) in zip(p.edges, self.phi, self.pairs, strict=True):
             s.attach(phi, e.cost.shape[0], pos[e.dst])
             d.attach(phi.T, e.cost.shape[1], pos[e.src])
         self.visits = {
-            (r, forward): _Visit(ends, [(end.other > pos[r]) == forward for end in ends])
+            (r, forward): Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()
             for forward in (True, False)
         }
@@ -265,22 +205,6 @@ class _Ascent:
             self._visit(r, True)
         for r in reversed(self.names):
             self._visit(r, False)
-
-
-def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """One buffer holding ``arrays`` back to back, and a view of it shaped like each."""
-    buf = np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
-    views, at = [], 0
-    for a in arrays:
-        views.append(buf[at : at + a.size].reshape(a.shape))
-        at += a.size
-    return buf, views
-
-
-def _starts(views: list[np.ndarray]) -> np.ndarray:
-    """Where each non-empty view begins in its buffer (for ``reduceat``)."""
-    offsets = np.cumsum([0] + [v.size for v in views])[:-1]
-    return np.array([o for o, v in zip(offsets.tolist(), views, strict=True) if v.size], np.intp)
 
 
 class Ascent:
