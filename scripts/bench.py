@@ -39,6 +39,7 @@ DEFAULT_ROWS = [
     "configs/llama3_8b.yaml:einsum:highs",
     "configs/llama3_70b.yaml:einsum:cbc",
     "configs/llama3_70b.yaml:einsum:highs",
+    "configs/llama3_70b.yaml:native:cbc",
 ]
 PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
 
