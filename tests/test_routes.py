@@ -15,6 +15,7 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
+from autoplan.cost import routes as routes_module
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
@@ -217,3 +218,31 @@ def test_free_cycle_agrees_with_networkx_on_random_price_matrices():
         assert _free_cycle(direct) == want
         seen.add(want)
     assert seen == {True, False}
+
+
+@pytest.mark.parametrize("threaded", [0, 10**9])
+def test_networks_built_up_front_equal_the_ones_built_on_demand(monkeypatch, threaded):
+    """Router.prepare (closing on worker threads, or in the caller's thread for small networks)
+    builds the same networks and prices as Router.edge alone."""
+    monkeypatch.setattr(routes_module, "_THREADED", threaded)
+    shape = (16, 3, 128)  # 3 splits unevenly: S(1) on any axis is no waypoint, only an edge's own
+    states = canonical(shape, (2, 2, 2))
+    own = [parse("S(1)RR", 3), parse("RS(1)R", 3), parse("RRS(1)", 3)]
+    edges = [
+        (states[:40], states[20:70], shape, 4),
+        (own + states[:5], states[3:30], shape, 4),
+        (states[60:], own[::-1], shape, 2),
+        (states[:40], states[20:70], shape, 4),  # asked twice: built once
+    ]
+    ahead, lazy = _router((2, 2, 2)), _router((2, 2, 2))
+    ahead.prepare(edges)
+    assert len(ahead._nets) == 3
+    for rows, cols, shape, dtype_bytes in edges:
+        got, want = (
+            ahead.edge(rows, cols, shape, dtype_bytes),
+            lazy.edge(rows, cols, shape, dtype_bytes),
+        )
+        np.testing.assert_array_equal(got.cost, want.cost)
+        for field in ("dist", "hop", "arc_src", "arc_dst", "arc_cost"):
+            np.testing.assert_array_equal(getattr(got.net, field), getattr(want.net, field))
+        assert got.net.states == want.net.states

@@ -110,11 +110,12 @@ def edge_cost(
     dst_placements: list[Placements | None],
     tensor: TensorInfo,
     router: Router | None = None,
+    grouped: _Grouped | None = None,
 ) -> EdgeCost:
-    """Group both sides by placement and price the (row, column) matrix: by the cheapest
-    route when a ``router`` is given, by DTensor's one-step move otherwise."""
-    sg, rows = _groups(src_placements)
-    dg, cols = _groups(dst_placements)
+    """Group both sides by placement (or take ``grouped``, the same computed before) and
+    price the (row, column) matrix: by the cheapest route when a ``router`` is given, by
+    DTensor's one-step move otherwise."""
+    sg, rows, dg, cols = grouped or (*_groups(src_placements), *_groups(dst_placements))
     if router is None:
         cost = pricer.matrix(rows, cols, tensor.shape, tensor.dtype_bytes)
         return EdgeCost(src, src_out, dst, slot, sg, dg, cost, rows, cols, tensor)
@@ -122,6 +123,26 @@ def edge_cost(
     return EdgeCost(
         src, src_out, dst, slot, sg, dg, r.cost, rows, cols, tensor, r.net, r.row_state, r.col_state
     )
+
+
+# Each side of an edge grouped by placement: (group per strategy, distinct placements).
+_Grouped = tuple[np.ndarray, tuple[Placements, ...], np.ndarray, tuple[Placements, ...]]
+
+
+def _activation_edges(table: StrategyTable) -> dict[tuple[Any, ...], _Grouped]:
+    """Each distinct activation edge's sides grouped as :func:`edge_cost` groups them, by
+    the key :func:`price` caches edges under."""
+    out: dict[tuple[Any, ...], _Grouped] = {}
+    for ns in table.nodes.values():
+        for slot, ref in enumerate(ns.inputs):
+            producer = table.nodes[ref.node]
+            key = (id(producer.strategies), ref.index, id(ns.strategies), slot, ns.in_tensors[slot])
+            if key not in out:
+                out[key] = (
+                    *_groups([s.outs[ref.index] for s in producer.strategies]),
+                    *_groups([s.ins[slot] for s in ns.strategies]),
+                )
+    return out
 
 
 def price(
@@ -156,6 +177,13 @@ def price(
     # strategies stage), so prices are computed once per distinct question.
     compute_cache: dict[tuple[Any, ...], np.ndarray] = {}
     edge_cache: dict[tuple[Any, ...], EdgeCost] = {}
+    grouped: dict[tuple[Any, ...], _Grouped] = {}
+    if router is not None:  # every network built up front, closed on worker threads
+        grouped = _activation_edges(table)
+        router.prepare(
+            (rows, cols, key[-1].shape, key[-1].dtype_bytes)
+            for key, (_, rows, _, cols) in grouped.items()
+        )
     for name, ns in table.nodes.items():
         node = fx_nodes[name]
         # A shared strategy tuple implies the same op, arguments and tensors.
@@ -186,6 +214,7 @@ def price(
                     [s.ins[slot] for s in ns.strategies],
                     ns.in_tensors[slot],
                     router,
+                    grouped.get(ekey),
                 )
             edges.append(replace(cached, src=ref.node, dst=name))
     memory: dict[str, np.ndarray] = {}
