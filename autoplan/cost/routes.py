@@ -333,7 +333,7 @@ class Router:
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Networks of fewer states are closed in the planner's thread: on small arrays numpy keeps
 # the GIL, and the hand-over costs more than it saves.
-_THREADED = 256
+_THREADED = 512
 
 
 def _close(direct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
