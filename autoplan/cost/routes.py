@@ -220,23 +220,10 @@ class Router:
         dtype_bytes: int,
     ) -> RoutedEdge:
         """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring)."""
-        row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
-        key = (row_ids, col_ids, shape, dtype_bytes)
-        found = self._edges.get(key)
-        if found is not None:
-            return found
-        net_key, states, canon_ids, extra_ids = self._states(row_ids, col_ids, rows, cols, shape)
-        state_ids = net_key[0]
-        net = self._nets.get(net_key + (dtype_bytes,))
-        if net is None:
-            direct = self._direct(canon_ids, extra_ids, shape, dtype_bytes)
-            net = self._nets[net_key + (dtype_bytes,)] = _assemble(states, direct, *_close(direct))
-        pos = {s: k for k, s in enumerate(state_ids)}
-        row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
-        col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
-        cost = net.dist[np.ix_(row_state, col_state)]
-        found = self._edges[key] = RoutedEdge(cost, net, row_state, col_state)
-        return found
+        key = (self.pricer.ids(rows), self.pricer.ids(cols), shape, dtype_bytes)
+        if key not in self._edges:  # not prepared: built here, in this thread
+            self.prepare([(rows, cols, shape, dtype_bytes)])
+        return self._edges[key]
 
     def _canonical(self, shape: tuple[int, ...]) -> tuple[list[Placements], tuple[int, ...]]:
         if shape not in self._canon:
@@ -248,41 +235,68 @@ class Router:
         self,
         edges: Iterable[tuple[Sequence[Placements], Sequence[Placements], tuple[int, ...], int]],
     ) -> None:
-        """Build the networks of these (rows, cols, shape, dtype_bytes) edges before they are
-        asked for, each priced in this thread while the ones before it are closed on
-        worker threads.
+        """Price these (rows, cols, shape, dtype_bytes) edges by routes before :meth:`edge`
+        asks for them, building their networks: each priced in this thread while the ones
+        before it are closed on worker threads.
 
         Closing a network (Floyd-Warshall, then :func:`route_arcs`) is n numpy passes over
         n x n arrays, which numpy runs without holding the GIL, while pricing its moves is
         Python. On LLaMA3-70B in native mode a 2-D activation's network has about 984
         states and takes 1.4-1.7 s to close; four such closures took 8.3 s one after the
-        other and 5.2 s on two threads. The networks are the same as :meth:`edge` builds.
+        other and 5.2 s on two threads. Built one edge at a time, the networks are the same.
         """
+        asked: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # edge key -> network key
         todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]] = {}
         for rows, cols, shape, dtype_bytes in edges:
             row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
-            net_key, states, canon_ids, extra_ids = self._states(
+            edge_key = (row_ids, col_ids, shape, dtype_bytes)
+            if edge_key in self._edges or edge_key in asked:
+                continue
+            state_ids, states, canon_ids, extra_ids = self._states(
                 row_ids, col_ids, rows, cols, shape
             )
-            key = net_key + (dtype_bytes,)
+            key = (state_ids, shape, dtype_bytes)
+            asked[edge_key] = key
             if key not in self._nets and key not in todo:
                 todo[key] = (states, canon_ids, extra_ids)
-        if not todo:
-            return
+        self._build(todo)
+        for (row_ids, col_ids, _, _), key in asked.items():
+            net = self._nets[key]
+            pos = {s: k for k, s in enumerate(key[0])}
+            row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
+            col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
+            cost = net.dist[np.ix_(row_state, col_state)]
+            self._edges[row_ids, col_ids, key[1], key[2]] = RoutedEdge(
+                cost, net, row_state, col_state
+            )
+
+    def _build(
+        self, todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]]
+    ) -> None:
+        """Price and close the networks of ``todo`` (key -> states, waypoint ids, own ids),
+        the big ones on worker threads while the next is priced."""
         running: deque[tuple[Any, list[Placements], np.ndarray, Future[Any]]] = deque()
-        with ThreadPoolExecutor(_WORKERS) as pool:
+
+        def finish() -> None:
+            done, states, direct, closed = running.popleft()
+            self._nets[done] = _assemble(states, direct, *closed.result())
+
+        pool: ThreadPoolExecutor | None = None
+        try:
             for key, (states, canon_ids, extra_ids) in todo.items():
                 direct = self._direct(canon_ids, extra_ids, key[1], key[2])
                 if len(direct) < _THREADED:  # cheaper to close here than to hand over
                     self._nets[key] = _assemble(states, direct, *_close(direct))
                     continue
+                pool = pool or ThreadPoolExecutor(_WORKERS)
                 running.append((key, states, direct, pool.submit(_close, direct)))
                 while len(running) > _WORKERS:  # at most one priced network waiting
-                    done, states, direct, closed = running.popleft()
-                    self._nets[done] = _assemble(states, direct, *closed.result())
+                    finish()
             while running:
-                done, states, direct, closed = running.popleft()
-                self._nets[done] = _assemble(states, direct, *closed.result())
+                finish()
+        finally:
+            if pool is not None:
+                pool.shutdown()
 
     def _states(
         self,
@@ -291,9 +305,9 @@ class Router:
         rows: Sequence[Placements],
         cols: Sequence[Placements],
         shape: tuple[int, ...],
-    ) -> tuple[tuple[Any, ...], list[Placements], tuple[int, ...], tuple[int, ...]]:
-        """The network's key without its dtype ((state ids, shape)), its states (the
-        waypoints, then the edge's own placements that are not waypoints) and both parts' ids."""
+    ) -> tuple[tuple[int, ...], list[Placements], tuple[int, ...], tuple[int, ...]]:
+        """A network's state ids and states (the waypoints, then the edge's own placements
+        that are not waypoints), and the ids of both parts."""
         canon, canon_ids = self._canonical(shape)
         seen = set(canon_ids)
         extra_ids, extra = [], []
@@ -302,7 +316,7 @@ class Router:
                 seen.add(i)
                 extra_ids.append(i)
                 extra.append(p)
-        return (canon_ids + tuple(extra_ids), shape), canon + extra, canon_ids, tuple(extra_ids)
+        return canon_ids + tuple(extra_ids), canon + extra, canon_ids, tuple(extra_ids)
 
     def _direct(
         self,
