@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pulp
@@ -75,23 +76,28 @@ def run(
     its best solution (perhaps ``start``) as ``optimal``, with that bound.
     """
     check_solver(solver)
-    if solver == "highs":
-        return _run_highs(m, mip, time_limit_s, mip_gap, start, cutoff)
-    return _run_cbc(m, mip, time_limit_s, mip_gap, start, cutoff)
+    job = _Job(m, mip, time_limit_s, mip_gap, start, cutoff)
+    return _run_highs(job) if solver == "highs" else _run_cbc(job)
+
+
+class _Job(NamedTuple):
+    """One solver call, as :func:`run` takes it."""
+
+    m: Matrix
+    mip: bool
+    time_limit_s: float | None
+    mip_gap: float
+    start: np.ndarray | None
+    cutoff: float | None
 
 
 # ----------------------------------------------------------------------------- HiGHS
 
 
-def _run_highs(
-    m: Matrix,
-    mip: bool,
-    time_limit_s: float | None,
-    mip_gap: float,
-    start: np.ndarray | None,
-    cutoff: float | None,
-) -> RunResult:
+def _run_highs(job: _Job) -> RunResult:
     import highspy
+
+    m, mip, time_limit_s, mip_gap, start, cutoff = job
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -251,14 +257,8 @@ def _read_solution(
     return "stopped", None, dj, y
 
 
-def _run_cbc(
-    m: Matrix,
-    mip: bool,
-    time_limit_s: float | None,
-    mip_gap: float,
-    start: np.ndarray | None,
-    cutoff: float | None,
-) -> RunResult:
+def _run_cbc(job: _Job) -> RunResult:
+    m, mip, time_limit_s, mip_gap, start, cutoff = job
     with tempfile.TemporaryDirectory(prefix="autoplan-cbc-") as tmp:
         model, sol = os.path.join(tmp, "model.mps"), os.path.join(tmp, "model.sol")
         write_mps(m, model)

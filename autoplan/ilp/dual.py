@@ -114,9 +114,9 @@ class _Ascent:
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
-        self._phi, self.phi = flat(compact)
-        self._phi_starts = starts(self.phi)
-        for e, phi, (s, d) in zip(p.edges, self.phi, self.pairs, strict=True):
+        self._phi, phis = flat(compact)
+        self._phi_starts = starts(phis)
+        for e, phi, (s, d) in zip(p.edges, phis, self.pairs, strict=True):
             s.attach(phi, e.cost.shape[0], pos[e.dst])
             d.attach(phi.T, e.cost.shape[1], pos[e.src])
         self.visits = {

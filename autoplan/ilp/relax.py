@@ -146,11 +146,10 @@ def relax(
             x = np.zeros(m.num_cols)
             x[keep] = lp.x
         lam = _memory_multiplier(m, lp.y, dual.lam)
-        if lam is not None:
-            if ascent.refine(lam):
-                refined = ascent.result()
-                if refined.bound > dual.bound:
-                    dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
+        if lam is not None and ascent.refine(lam):
+            refined = ascent.result()
+            if refined.bound > dual.bound:
+                dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
         value = float(m.cost @ x) + m.offset
         if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
             break
