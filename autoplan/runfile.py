@@ -151,12 +151,12 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
         raise RunFileError(
             f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}"
         )
+    raw = apply_overrides(raw, overrides, source)
     unknown = set(raw) - SECTIONS
-    if unknown:
+    if unknown:  # checked after the overrides: --set mm_mode=native is a typo to report
         raise RunFileError(
             f"{source}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(SECTIONS))}"
         )
-    raw = apply_overrides(raw, overrides, source)
     return _parse(raw, source)
 
 

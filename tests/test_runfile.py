@@ -37,6 +37,12 @@ def test_set_overrides_any_key(tmp_path):
     assert run.model_args["n_layers"] == 4 and run.config.mm_mode == "native"
 
 
+def test_set_of_a_top_level_key_that_does_not_exist_is_refused(tmp_path):
+    """--set mm_mode=native (plan. forgotten) is an error, not silently ignored."""
+    with pytest.raises(RunFileError, match="unknown top-level key 'mm_mode'"):
+        load_run(_write(tmp_path, GOOD), ["mm_mode=native"])
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
