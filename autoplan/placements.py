@@ -44,6 +44,21 @@ def is_strided(p: Placement) -> bool:
     return _shards(p)[1]
 
 
+def plain(placements: Placements) -> Placements:
+    """``placements`` with each ``_StridedShard(d, split_factor=1)`` written ``Shard(d)``.
+
+    A split factor of 1 interleaves nothing: every rank holds the same shard as under
+    ``Shard(d)``, uneven sizes included. DTensor's views make it (flattening a batch
+    sharded down to one row per rank with the sequence sharded after it), and the mm
+    rules then offer every strategy twice, once per spelling. autoplan treats the two
+    spellings as one layout: priced as one, moved between by relabelling the local
+    shard, no collective (:mod:`autoplan.execute`).
+    """
+    if not any(_shards(p)[1] and p.split_factor == 1 for p in placements):
+        return placements
+    return tuple(Shard(p.dim) if _shards(p)[1] and p.split_factor == 1 else p for p in placements)
+
+
 def short(p: Placement | None) -> str:
     """DTensor's short form: ``S(0)``, ``_S(0,2)``, ``R``, ``P``."""
     if p is None:

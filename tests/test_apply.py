@@ -46,6 +46,9 @@ def _llama() -> torch.nn.Module:
 
 MODELS = {
     "mlp": (_mlp, lambda: torch.randn(16, 32, 64)),
+    # a batch of 2 on dp=2: one row per rank, so flattening it with the sequence sharded
+    # on cp makes _S(0,1), which the plan may relabel S(0) at no cost
+    "mlp_b2": (_mlp, lambda: torch.randn(2, 32, 64)),
     "llama": (_llama, lambda: torch.randint(0, 128, (8, 16))),
 }
 
@@ -346,6 +349,18 @@ def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
         assert plan.status == "optimal", plan.message
         assert results[mode]["placed"]["layers.1.attention.wo.weight"] == "RS(1)"
         _assert_matches(results[mode], plan)
+
+
+def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp_path):
+    """A view makes S(0)_S(0,1); the pinned mm reads it as S(0)S(0), a free relabel: the run
+    matches one device and runs exactly the collectives priced (none for the relabel)."""
+    plan = _plan(
+        "mlp_b2", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)S(0)"}
+    )
+    assert plan.node_placements["view"]["out"] == ["S(0)_S(0,1)"]
+    assert plan.node_placements["mm"]["in"][0] == "S(0)S(0)"
+    result = _spawn_cases(tmp_path, {"b2": ("mlp_b2", plan)})["b2"]
+    _assert_matches(result, plan)
 
 
 # Native mode's budgeted ILP (about 209k variables after pruning) is not proved optimal in

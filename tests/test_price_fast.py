@@ -23,7 +23,7 @@ from autoplan.cost.price import price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.topology import Topology, group_span
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.placements import fmt, shard_degrees, sharded_dim
+from autoplan.placements import fmt, plain, shard_degrees, sharded_dim
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import Partial, Replicate, Shard, _StridedShard
 from autoplan.strategies.enumerate import enumerate_strategies
@@ -91,13 +91,15 @@ def _fuse(steps, shape, mesh_shape):
 
 
 class _Oracle:
-    """The pre-EdgePricer per-pair price: walk and sum on placement objects."""
+    """The pre-EdgePricer per-pair price: walk and sum on placement objects (an _S(d,1)
+    read as the S(d) it is)."""
 
     def __init__(self, mesh_shape):
         self.mesh_shape = tuple(mesh_shape)
         self.collectives = CollectiveModel(Topology())
 
     def cost_us(self, src, dst, shape, dtype_bytes) -> float:
+        src, dst = plain(src), plain(dst)
         if src == dst:
             return 0.0
         if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
@@ -229,3 +231,21 @@ def test_equal_placement_tuples_get_one_int_whatever_the_object():
     assert b is not a
     assert pricer.ids([a, c, b, a]) == (0, 1, 0, 0)
     assert pricer.ids([(Replicate(), Shard(0)), (Partial(), Partial())]) == (1, 2)
+
+
+def test_split_factor_one_gets_the_int_and_prices_of_its_shard_spelling():
+    """_S(d,1) is S(d): one int, a free move between the spellings, and every price to
+    other placements equal to the S(d) spelling's, in both pricers."""
+    model = RedistributeModel((2, 2), CollectiveModel(Topology()))
+    pricer = EdgePricer(model)
+    one = (Shard(0), _StridedShard(0, split_factor=1))
+    spelt = (Shard(0), Shard(0))
+    others = [(Replicate(), Replicate()), (Shard(1), Replicate()), (Partial(), Shard(0))]
+    assert pricer.ids([one])[0] == pricer.ids([spelt])[0]
+    assert model.cost_us(one, spelt, (8, 8), 4) == 0.0
+    fast = pricer.matrix([one, spelt], others + [one, spelt], (8, 8), 4)
+    assert np.array_equal(fast[0], fast[1]) and (fast[:, -2:] == 0).all()
+    assert (fast[:, :3] > 0).all()
+    for q in others:
+        assert model.cost_us(one, q, (8, 8), 4) == model.cost_us(spelt, q, (8, 8), 4)
+        assert model.cost_us(q, one, (8, 8), 4) == model.cost_us(q, spelt, (8, 8), 4)

@@ -22,9 +22,16 @@ import autoplan
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.topology import Topology
-from autoplan.execute import collective_counts, flatten_mesh_groups
+from autoplan.execute import collective_counts, flatten_mesh_groups, move
 from autoplan.placements import fmt
-from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, Shard, redistribute
+from autoplan.strategies.dtensor import (
+    LocalTensorMode,
+    Partial,
+    Replicate,
+    Shard,
+    _StridedShard,
+    redistribute,
+)
 
 CHOICES = (Replicate(), Partial(), Shard(0), Shard(1))
 SHAPE = (8, 8)
@@ -36,14 +43,14 @@ def _start(x: torch.Tensor, mesh, src) -> DTensor:
     return redistribute(distribute_tensor(x, mesh, list(cleared)), mesh, src)  # R -> P: local
 
 
-def _check(mesh, model: RedistributeModel, src, dst) -> str | None:
+def _check(mesh, model: RedistributeModel, src, dst, run=redistribute) -> str | None:
     steps = model.steps(src, dst, SHAPE, 4)
     if steps is None:
         return None
     x = torch.arange(64.0).reshape(SHAPE)
     d = _start(x, mesh, src)
     with CommDebugMode() as comm:
-        out = redistribute(d, mesh, dst)
+        out = run(d, mesh, dst)
     executed = collective_counts(comm.get_comm_counts())
     priced = dict(Counter(kind for kind, *_ in steps))
     if executed != priced:
@@ -83,3 +90,24 @@ def test_nested_shard_needs_a_gather_and_fused_steps_are_one_collective():
     assert kinds((p, p), (s0, s0)) == [("reduce_scatter", (0, 1))]
     assert kinds((s0, s0), (r, r)) == [("all_gather", (0, 1))]
     assert kinds((r, r), (s0, s0)) == []
+
+
+def test_split_factor_one_moves_as_shard_and_relabels_for_free():
+    """Moves on 2x2 with an _S(d,1) on either side (260 of the 1 040), run by execute.move:
+    the priced collectives (its S(d) spelling's; none between spellings), the right values."""
+    mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
+    model = _model((2, 2))
+    choices = (*CHOICES, _StridedShard(0, split_factor=1), _StridedShard(1, split_factor=1))
+    pairs = [
+        (src, dst)
+        for src, dst in itertools.product(itertools.product(choices, repeat=2), repeat=2)
+        if any(isinstance(p, _StridedShard) for p in (*src, *dst))
+    ]
+    assert len(pairs) == 1040
+    pairs = random.Random(0).sample(pairs, 260)
+    strided, plain = (Shard(0), _StridedShard(0, split_factor=1)), (Shard(0), Shard(0))
+    assert model.steps(strided, plain, SHAPE, 4) == []
+    with LocalTensorMode(mesh.size()):
+        flatten_mesh_groups(mesh)
+        bad = [msg for src, dst in pairs if (msg := _check(mesh, model, src, dst, move))]
+    assert not bad, f"{len(bad)} of {len(pairs)} transitions differ, e.g. {bad[:5]}"

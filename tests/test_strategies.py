@@ -129,3 +129,30 @@ def has_strided_placement(placements) -> bool:
     from autoplan.strategies.dtensor import _StridedShard
 
     return placements is not None and any(isinstance(p, _StridedShard) for p in placements)
+
+
+def test_split_factor_one_is_offered_by_views_but_never_expanded_on_mm():
+    """Batch 2 on 2x2: flattening a batch sharded to one row per rank makes _S(0,1), which
+    is S(0); the mm rules are not filled with it, so no strategy is listed twice."""
+    from autoplan.placements import is_strided, plain
+
+    with torch.device("meta"):
+        model = Transformer(tiny(1))
+    traced = trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
+    table = _table(traced, "native")
+
+    def ones(placements) -> bool:
+        return placements is not None and any(
+            is_strided(p) and p.split_factor == 1 for p in placements
+        )
+
+    views = [n for n in table.nodes.values() if "view" in n.op]
+    assert any(ones(s.outs[0]) for n in views for s in n.strategies)
+    for n in table.nodes.values():
+        if n.op == "aten.mm.default":
+            assert not any(ones(p) for s in n.strategies for p in (*s.outs, *s.ins)), n.name
+        seen = {
+            (tuple(map(plain, filter(None, s.outs))), tuple(map(plain, s.ins)))
+            for s in n.strategies
+        }
+        assert len(seen) == len(n.strategies), f"{n.name} lists a layout twice"

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
-from autoplan.placements import Placements
+from autoplan.placements import Placements, plain
 from autoplan.strategies.dtensor import Placement
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
@@ -129,6 +129,8 @@ class EdgePricer:
         out = []
         for p in placements:
             i = self._ids.get(p)
+            if i is None and plain(p) is not p:  # _S(d,1): the id of its S(d) spelling
+                i = self._ids[p] = self.ids([plain(p)])[0]
             if i is None:
                 i = self._ids[p] = len(self._axes)
                 self._axes.append(

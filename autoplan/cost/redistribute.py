@@ -18,7 +18,9 @@ R -> S(d), R -> P   local slice / zero, no comm     0
 S -> P              not supported                   inf
 =================  ==============================
 
-``_StridedShard`` moves like ``Shard`` (it is one with a different order).
+``_StridedShard`` moves like ``Shard`` (it is one with a different order);
+``_S(d,1)`` *is* ``S(d)`` (no interleaving), and moving between the two
+spellings is free: the executor relabels the local shard.
 Axes are visited innermost first for gathers and reductions, as DTensor's
 default order does, and the local size is updated after each step, so a
 gather on an inner axis is priced on the already-gathered outer size. Where
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, sharded_dim
+from autoplan.placements import Placements, plain, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
@@ -61,10 +63,11 @@ def axis_kind(p: Placement) -> int:
 
 
 def encode(src: Placements, dst: Placements) -> tuple[tuple[Code, ...], tuple[Code, ...]]:
-    """The codes of one move: equal placements get equal codes, unequal ones unequal."""
+    """The codes of one move: equal placements get equal codes, unequal ones unequal
+    (``_S(d,1)`` counts as ``S(d)``, the same layout: :func:`autoplan.placements.plain`)."""
     seen: list[Placement] = []
     codes: list[Code] = []
-    for p in (*src, *dst):
+    for p in (*plain(src), *plain(dst)):
         k = axis_kind(p)
         if k == R_KIND:
             codes.append(R_CODE)
@@ -117,7 +120,7 @@ class RedistributeModel:
     def cost_us(
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
     ) -> float:
-        if src == dst:
+        if plain(src) == plain(dst):
             return 0.0
         key = (src, dst, shape, dtype_bytes)
         cached = self._cache.get(key)

@@ -322,10 +322,13 @@ class _Enumerator:
     def _expand(
         self, rules: list[list[Any]], in_nodes: list[fx.Node], num_outs: int, strided: bool
     ) -> list[Strategy]:
+        # Split factors seen on the inputs, 1 left out: _S(d,1) is S(d), which every
+        # placeholder is filled with anyway (autoplan.placements.plain). On LLaMA3-70B's
+        # 8x8x8 mesh it would add a third of an mm's strategies, each a second spelling.
         seen: set[Placement] = set()
         for a in in_nodes if strided else ():
             for cand in self._candidates(a):
-                seen.update(p for p in cand if is_strided(p))
+                seen.update(p for p in cand if is_strided(p) and p.split_factor != 1)
         filled = [r for r in fill_placeholders(rules, seen) if all(map(_keep_placement, r))]
         width = num_outs + len(in_nodes)
         filled = [r for r in filled if len(r) == width]
