@@ -18,12 +18,16 @@ twins, its solution copied to every copy is optimal for the untied LP too
 (the bounds agree on LLaMA3-8B at 2 and 32 layers) and its duals split evenly
 over the copies, so a plan whose copy takes strategy i of class r costs at
 least ``LB + d[r,i] / copies`` (LB the tied bound, d its reduced cost, both from
-:mod:`autoplan.ilp.relax`). Each weight (a node with a memory footprint) keeps
+:mod:`autoplan.ilp.relax`). First, :mod:`autoplan.ilp.mix` mixes the LP's
+strategies layer by layer (a knapsack, in a fraction of a second); when that
+plan is within 0.1 % of the tied bound, no MIP runs here (LLaMA3-70B native:
+14 703.16 ms against a bound of 14 699.06 ms, where the MIP below had 14 708.5
+ms after 10 s). Otherwise each weight (a node with a memory footprint) keeps
 the strategies within the tied incumbent's gap by that measure; every other
 node keeps the strategies the LP uses, plus the incumbent's own. The untied ILP
-over those (one node per copy) starts from the incumbent, stops within 0.1 % of
-its own bound and is given as long as the relaxation took, and at least 10 s;
-if its plan is still more than 0.1 % above the tied bound, a second pass
+over those (one node per copy) starts from the better of the mix and the tied
+incumbent, stops within 0.1 % of its own bound and is given as long as the
+relaxation took, and at least 10 s; if its plan is still more than 0.1 % above the tied bound, a second pass
 applies the reduced-cost test to every node. The plan is priced exactly and kept only when cheaper.
 
 Order: this runs between the tied relaxation and the tied MIP, and the untied
@@ -40,6 +44,7 @@ the LP bound.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -47,6 +52,7 @@ import numpy as np
 
 from autoplan.cost.price import CostTable
 from autoplan.ilp.build import IlpModel, build_ilp
+from autoplan.ilp.mix import mix_layers
 from autoplan.ilp.problem import InfeasibleError
 from autoplan.ilp.solve import Relaxation, Solution, relax, solve
 
@@ -127,10 +133,15 @@ def untie_under_budget(
         seconds = min(seconds, max(1.0, time_limit_s - relaxed.seconds))
     best = {v: relaxed.choice[r] for v, r in p.rep.items()}
     cost, spent = relaxed.upper, 0.0
+    began = time.perf_counter()
+    mixed = mix_layers(costs, model, relaxed)
+    spent += time.perf_counter() - began
+    if mixed is not None and mixed[1] < cost - _TIGHT * max(1.0, abs(cost)):
+        best, cost = mixed  # cheaper by more than a float sum's order
     for everywhere in (False, True):
         gap = cost - relaxed.bound
-        if everywhere and gap <= _CLOSE * abs(cost):
-            break
+        if gap <= _CLOSE * abs(cost):
+            break  # the mix, or the first pass, is within _CLOSE of the tied bound
         gap += _TIGHT * max(1.0, abs(cost))
         narrowed = _narrow(model, relaxed, best, gap, everywhere=everywhere)
         if everywhere and sum(int(m.sum()) for m in narrowed.values()) > _MAX_GROWTH * sum(
