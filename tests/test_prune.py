@@ -214,12 +214,13 @@ def test_reduced_ilp_matches_plain_under_a_binding_budget(layers, shape):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
-    """The probe-then-confirm dominance check drops exactly the rows the full comparison drops."""
+    """The dedupe-probe-confirm dominance check drops exactly the rows the full comparison drops."""
     from autoplan.ilp.prune import _dominated
 
     rng = np.random.default_rng(seed)
     f = rng.choice([0.0, 1.0, 2.0, np.inf], (40, 100), p=[0.4, 0.3, 0.2, 0.1])
     f[5] = f[3]  # equal rows: the first stays
+    f[11] = f[12] = f[30]  # one row three times: 12 and 30 go, 11 only if beaten
     f[7] = np.minimum(f[8], f[9])  # a row that beats others
     le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
     ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
