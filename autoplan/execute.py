@@ -269,7 +269,9 @@ class PlannedGraph:
             return value
         if not isinstance(value, DTensor):
             value = DTensor.from_local(value, self.mesh, [Replicate()] * self.mesh.ndim)
-        if tuple(value.placements) == want:
+        if tuple(value.placements) == want or (
+            isinstance(want, str) and _same(value.placements, want)
+        ):
             return value
         if not isinstance(want, tuple):
             raise RuntimeError(

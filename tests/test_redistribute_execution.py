@@ -111,3 +111,19 @@ def test_split_factor_one_moves_as_shard_and_relabels_for_free():
         flatten_mesh_groups(mesh)
         bad = [msg for src, dst in pairs if (msg := _check(mesh, model, src, dst, move))]
     assert not bad, f"{len(bad)} of {len(pairs)} transitions differ, e.g. {bad[:5]}"
+
+
+def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
+    """A planned placement in string form (P(avg), made only by its op) is accepted as is
+    when the value carries it, and refused with the node's name when it does not."""
+    from autoplan.execute import PlannedGraph
+
+    mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
+    graph = PlannedGraph.__new__(PlannedGraph)
+    graph.mesh = mesh
+    with LocalTensorMode(mesh.size()):
+        x = torch.arange(64.0).reshape(SHAPE)
+        avg = _start(x, mesh, (Partial("avg"), Partial("avg")))
+        assert graph._place(avg, "P(avg)P(avg)", "mean") is avg
+        with pytest.raises(RuntimeError, match="mean: the plan wants P\\(avg\\)P\\(avg\\)"):
+            graph._place(_start(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
