@@ -290,8 +290,9 @@ def move(value: DTensor, mesh: DeviceMesh, want: Placements) -> DTensor:
     plain spellings, and changing spelling relabels the local shard, with no collective.
     torch 2.13's redistribute runs its strided path for ``_S(d,1)``: ``S(0)_S(0,1) ->
     S(0)S(1)`` gathers where ``S(0)S(0) -> S(0)S(1)`` is one all-to-all. Of the 1 040
-    moves on a 2x2 mesh with an ``_S(d,1)`` on either side (tests/test_redistribute_execution.py),
-    360 ran other collectives than priced through redistribute, none through this function.
+    moves on a 2x2 mesh with an ``_S(d,1)`` on either side (those
+    tests/test_redistribute_execution.py samples), 360 ran other collectives than priced
+    through redistribute, none through this function.
     """
     have = tuple(value.placements)
     if have != plain(have):
