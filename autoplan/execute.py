@@ -269,15 +269,15 @@ class PlannedGraph:
             return value
         if not isinstance(value, DTensor):
             value = DTensor.from_local(value, self.mesh, [Replicate()] * self.mesh.ndim)
-        if tuple(value.placements) == want or (
-            isinstance(want, str) and _same(value.placements, want)
-        ):
-            return value
-        if not isinstance(want, tuple):
+        if isinstance(want, str):  # only the producing op makes it: nothing to move
+            if _same(value.placements, want):
+                return value
             raise RuntimeError(
                 f"{where}: the plan wants {want}, which only the producing op can make, but the "
                 f"value is {fmt(value.placements)}."
             )
+        if tuple(value.placements) == want:
+            return value
         for hop in via:
             value = move(value, self.mesh, hop)
         return move(value, self.mesh, want)

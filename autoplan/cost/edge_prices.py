@@ -129,8 +129,8 @@ class EdgePricer:
         out = []
         for p in placements:
             i = self._ids.get(p)
-            if i is None and plain(p) is not p:  # _S(d,1): the id of its S(d) spelling
-                i = self._ids[p] = self.ids([plain(p)])[0]
+            if i is None and (q := plain(p)) is not p:  # _S(d,1): the id of its S(d) spelling
+                i = self._ids[p] = self.ids([q])[0]
             if i is None:
                 i = self._ids[p] = len(self._axes)
                 self._axes.append(

@@ -241,9 +241,10 @@ class Router:
 
         Closing a network (Floyd-Warshall, then :func:`route_arcs`) is n numpy passes over
         n x n arrays, which numpy runs without holding the GIL, while pricing its moves is
-        Python. On LLaMA3-70B in native mode a 2-D activation's network has about 984
-        states and takes 1.4-1.7 s to close; four such closures took 8.3 s one after the
-        other and 5.2 s on two threads. Built one edge at a time, the networks are the same.
+        Python. When LLaMA3-70B native networks had 984 states (before ``_S(d,1)`` was read
+        as ``S(d)``; now at most 503), each took 1.4-1.7 s to close, and four took 8.3 s one
+        after the other and 5.2 s on two threads. Built one edge at a time, the networks
+        are the same.
         """
         asked: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # edge key -> network key
         todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]] = {}
@@ -252,13 +253,11 @@ class Router:
             edge_key = (row_ids, col_ids, shape, dtype_bytes)
             if edge_key in self._edges or edge_key in asked:
                 continue
-            state_ids, states, canon_ids, extra_ids = self._states(
-                row_ids, col_ids, rows, cols, shape
-            )
-            key = (state_ids, shape, dtype_bytes)
+            canon, canon_ids, extra, extra_ids = self._states(row_ids, col_ids, rows, cols, shape)
+            key = (canon_ids + extra_ids, shape, dtype_bytes)
             asked[edge_key] = key
             if key not in self._nets and key not in todo:
-                todo[key] = (states, canon_ids, extra_ids)
+                todo[key] = (canon + extra, canon_ids, extra_ids)
         self._build(todo)
         for (row_ids, col_ids, _, _), key in asked.items():
             net = self._nets[key]
@@ -305,24 +304,21 @@ class Router:
         rows: Sequence[Placements],
         cols: Sequence[Placements],
         shape: tuple[int, ...],
-    ) -> tuple[tuple[int, ...], list[Placements], tuple[int, ...], tuple[int, ...]]:
-        """A network's state ids and states (the waypoints, then the edge's own placements
-        that are not waypoints, by id), and the ids of both parts.
+    ) -> tuple[list[Placements], tuple[int, ...], list[Placements], tuple[int, ...]]:
+        """A network's waypoints and the edge's own placements that are not waypoints (by
+        id), each with their ids: the network's states are the two in that order.
 
         By id, not in the edge's order, so that edges with the same placements in another
         order share one network: LLaMA3-70B native, 100 networks -> 81, cost phase 14.9 ->
         11.2 s, the same plan."""
         canon, canon_ids = self._canonical(shape)
-        seen = set(canon_ids)
-        extra_ids, extra = [], []
+        waypoints = set(canon_ids)
+        own: dict[int, Placements] = {}
         for i, p in zip(row_ids + col_ids, [*rows, *cols], strict=True):
-            if i not in seen:
-                seen.add(i)
-                extra_ids.append(i)
-                extra.append(p)
-        order = sorted(range(len(extra_ids)), key=extra_ids.__getitem__)
-        extra_ids, extra = [extra_ids[k] for k in order], [extra[k] for k in order]
-        return canon_ids + tuple(extra_ids), canon + extra, canon_ids, tuple(extra_ids)
+            if i not in waypoints:
+                own.setdefault(i, p)
+        extra_ids = tuple(sorted(own))
+        return canon, canon_ids, [own[i] for i in extra_ids], extra_ids
 
     def _direct(
         self,

@@ -23,9 +23,11 @@ sheds memory, one weight class at a time, where that costs least per byte saved.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from autoplan.cost.price import EdgeCost
 from autoplan.ilp.problem import Edge, Problem
 
 _USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
@@ -41,14 +43,27 @@ def _incident(p: Problem) -> dict[str, list[tuple[Edge, bool]]]:
 
 def cost_of(p: Problem, choice: dict[str, int]) -> float:
     """The objective of ``choice`` (one strategy per class); inf if a move is impossible."""
-    total = sum(float(p.linear[r][i]) for r, i in choice.items())
-    for e in p.edges:
+    return priced(p.linear, p.edges, choice)
+
+
+def memory_of(p: Problem, choice: dict[str, int]) -> float:
+    return footprint(p.memory, choice)
+
+
+def priced(
+    linear: Mapping[str, np.ndarray], edges: Iterable[Edge | EdgeCost], choice: Mapping[str, int]
+) -> float:
+    """Per-strategy prices plus edge prices of ``choice``: of classes (a :class:`Problem`'s
+    ``linear`` and edges) or of nodes (a cost table's ``compute`` and edges)."""
+    total = sum(float(linear[r][i]) for r, i in choice.items())
+    for e in edges:
         total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
     return total
 
 
-def memory_of(p: Problem, choice: dict[str, int]) -> float:
-    return sum(float(m[choice[r]]) for r, m in p.memory.items())
+def footprint(memory: Mapping[str, np.ndarray], choice: Mapping[str, int]) -> float:
+    """The memory row's left-hand side for ``choice``."""
+    return sum(float(m[choice[r]]) for r, m in memory.items())
 
 
 def _options(p: Problem, r: str, choice: dict[str, int], edges: list[tuple[Edge, bool]]):

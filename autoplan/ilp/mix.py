@@ -38,6 +38,7 @@ import numpy as np
 
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.ilp.build import IlpModel
+from autoplan.ilp.incumbent import footprint, priced
 from autoplan.ilp.solve import Relaxation
 
 _USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
@@ -75,7 +76,7 @@ def mix_layers(
     ]  # fmt: skip
     for members, hull in hulls:
         choice.update(zip(members, hull[0][2], strict=True))
-    room = p.budget - _memory(costs, choice)
+    room = p.budget - footprint(costs.memory, choice)
     if room < 0:
         return None
     steps = sorted(
@@ -92,7 +93,7 @@ def mix_layers(
             level[k] = j
     for (members, hull), j in zip(hulls, level, strict=True):
         choice.update(zip(members, hull[j][2], strict=True))
-    cost = _cost(costs, choice)
+    cost = priced(costs.compute, costs.edges, choice)
     return (choice, cost) if np.isfinite(cost) else None
 
 
@@ -164,14 +165,3 @@ def _hull(options: list[Option]) -> list[Option]:
                 break
         hull.append(o)
     return hull
-
-
-def _memory(costs: CostTable, choice: dict[str, int]) -> float:
-    return sum(float(m[choice[v]]) for v, m in costs.memory.items())
-
-
-def _cost(costs: CostTable, choice: dict[str, int]) -> float:
-    total = sum(float(c[choice[v]]) for v, c in costs.compute.items())
-    for e in costs.edges:
-        total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
-    return total
