@@ -299,3 +299,23 @@ def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
     result = backends.run(_model(p).emitted.matrix, "cbc", mip=True, time_limit_s=0.2, mip_gap=0.0)
     assert result.status == "stopped" and result.x is None
     assert time.perf_counter() - began < 10
+
+
+@pytest.mark.parametrize("ran_out", [False, True])
+def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_out):
+    """CBC's "Integer infeasible" proves nothing when it comes at -sec (preprocessing cut short)."""
+    from autoplan.ilp import backends
+
+    m = emit(_random_problem(0)).matrix
+    limit = 0.05
+
+    def fake_cbc(args, **kwargs):
+        if ran_out:
+            time.sleep(limit)
+        with open(args[args.index("-solution") + 1], "w") as f:
+            f.write("Integer infeasible - objective value 1.0\n")
+        return backends.subprocess.CompletedProcess(args, 0, "", None)
+
+    monkeypatch.setattr(backends.subprocess, "run", fake_cbc)
+    got = run(m, "cbc", mip=True, time_limit_s=limit if ran_out else 60.0, mip_gap=0.0, cutoff=1.0)
+    assert got.status == ("stopped" if ran_out else "infeasible") and got.x is None
