@@ -265,7 +265,15 @@ def _plan_traced(
             "found any plan (no plan could be read off the bound, and the LP relaxation "
             "and the MIP ran out of time); raise plan.time_limit_s."
         )
-    if solution.status == "time_limit":
+    if solution.status == "time_limit" and solution.proof_budget_s is not None:
+        base["message"] = (
+            "time_limit: after the untie stage (layers under the memory budget), the MIP "
+            f"over tied plans had {solution.proof_budget_s:.3g} s and stopped before proving "
+            f"that none beats this plan; it is at most {solution.gap:.3%} above any tied "
+            "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
+            "plan.time_limit_s."
+        )
+    elif solution.status == "time_limit":
         gap = solution.gap
         base["message"] = (
             f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 import autoplan
+import autoplan.ilp.solve as solve_module
+import autoplan.ilp.untie as untie_module
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.ilp.backends import RunResult
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.solve import relax, solve
 from autoplan.ilp.untie import solve_untying, worth_untying
@@ -143,3 +146,59 @@ def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):
         assert below.bound_us >= best * 0.9999 - 1e-6
     assert _total(costs, below.choice) == pytest.approx(below.objective_us)
     assert _memory(costs, below.choice) <= budget
+
+
+def _cut_proofs(monkeypatch) -> list[float | None]:
+    """Make every MIP run under a cutoff stop on time with no plan, as CBC does when the
+    tied proof after untying runs out; returns the time limits those runs were given."""
+    real, limits = solve_module.run, []
+
+    def cut(m, solver, *, mip, time_limit_s, mip_gap, start=None, cutoff=None):
+        if mip and cutoff is not None:
+            limits.append(time_limit_s)
+            return RunResult("stopped", None)
+        return real(
+            m,
+            solver,
+            mip=mip,
+            time_limit_s=time_limit_s,
+            mip_gap=mip_gap,
+            start=start,
+            cutoff=cutoff,
+        )
+
+    monkeypatch.setattr(solve_module, "run", cut)
+    return limits
+
+
+def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_time_limit(monkeypatch):
+    """The tied MIP after untying gets its own budget; cut, the untied plan says time_limit and its gap."""
+    costs = _stack(3, 0, coupled=False)
+    budget = _budget(costs, 0.3)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    whole, split = solve_untying(costs, model)
+    assert whole.status == "optimal" and whole.proof_budget_s is None and split > 0
+    limits = _cut_proofs(monkeypatch)
+    cut, split_cut = solve_untying(costs, model)
+    # The relaxation of 7 nodes takes far less than _PROOF_MIN_S: the budget is that floor.
+    assert len(limits) == 1 and limits[0] == pytest.approx(untie_module._PROOF_MIN_S, abs=0.5)
+    assert cut.status == "time_limit" and cut.proof_budget_s == untie_module._PROOF_MIN_S
+    assert (cut.objective_us, cut.choice, split_cut) == (whole.objective_us, whole.choice, split)
+    assert 0.0 <= cut.gap < 1.0
+    limits.clear()
+    short, _ = solve_untying(costs, model, time_limit_s=2.0)  # below the budget: the user's
+    assert short.status == "time_limit" and short.proof_budget_s is None
+    assert limits[0] <= 2.0
+
+
+def test_planner_says_which_limit_cut_the_tied_proof(monkeypatch):
+    """A plan whose tied proof was cut names that budget and the gap, not time_limit_s."""
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    with torch.device("meta"):
+        model = TinyMLP(dim=64, hidden=256, n_layers=6)
+    config = autoplan.PlanConfig(memory_budget_gib=1.5 * 2**20 / 2**30)
+    _cut_proofs(monkeypatch)
+    plan = autoplan.plan(model, lambda: torch.randn(32, 64), mesh, config=config)
+    assert plan.status == "time_limit" and plan.ilp_size["untied"] > 0
+    assert "MIP over tied plans had 5 s" in plan.message
+    assert "untie_under_budget: false" in plan.message and "time_limit_s (" not in plan.message

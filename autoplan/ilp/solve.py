@@ -52,7 +52,9 @@ class Solution:
     ``infeasible`` none does, with ``time_limit`` the solver stopped before it found one.
 
     ``bound_us`` is a proven lower bound on the optimum (nan when unknown);
-    ``stats`` says what the reduced-cost fixing did.
+    ``stats`` says what the reduced-cost fixing did. ``proof_budget_s`` is set when the
+    status is ``time_limit`` because the check that no tied plan beats an untied one
+    stopped at its own budget, not at the user's limit (:mod:`autoplan.ilp.untie`).
     """
 
     status: str  # "optimal" | "time_limit" | "infeasible"
@@ -62,6 +64,7 @@ class Solution:
     solver: str
     bound_us: float = math.nan
     stats: dict[str, float] | None = None
+    proof_budget_s: float | None = None
 
     @property
     def gap(self) -> float:
