@@ -34,15 +34,18 @@ def _step(src, dst):
     if src == dst:
         return ""
     s_dim, d_dim = sharded_dim(src), sharded_dim(dst)
+    strided = isinstance(src, _StridedShard) or isinstance(dst, _StridedShard)
     if isinstance(src, Partial):
         if isinstance(dst, Replicate):
             return "all_reduce"
-        return "reduce_scatter" if d_dim is not None else None
+        if d_dim is None:
+            return None
+        return "all_reduce" if strided else "reduce_scatter"  # DTensor's strided path
     if s_dim is not None:
         if isinstance(dst, Replicate):
             return "all_gather"
         if d_dim is not None:
-            return "all_gather" if s_dim == d_dim else "all_to_all"
+            return "all_gather" if s_dim == d_dim or strided else "all_to_all"
         return None
     return ""
 
@@ -109,12 +112,13 @@ class _Oracle:
         times = []
         for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh):
             local = numel / math.prod(shard_degrees(current, mesh, len(shape)))
+            gathered = [Replicate() if a in axes else p for a, p in enumerate(current)]
             for a in axes:
                 current[a] = target
             if not kind:
                 continue
             nbytes = (
-                numel / math.prod(shard_degrees(current, mesh, len(shape)))
+                numel / math.prod(shard_degrees(gathered, mesh, len(shape)))
                 if kind == "all_gather"
                 else local
             )

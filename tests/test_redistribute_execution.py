@@ -127,3 +127,27 @@ def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
         assert graph._place(avg, "P(avg)P(avg)", "mean") is avg
         with pytest.raises(RuntimeError, match="mean: the plan wants P\\(avg\\)P\\(avg\\)"):
             graph._place(_start(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
+
+
+def test_one_axis_strided_moves_are_priced_as_dtensor_runs_them():
+    """One axis moving to or from _S(0,2) (the other axis fixed, not sharding dim 0 before it):
+    an all-gather from a shard of the other dim, an all-reduce from P, as executed."""
+    mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
+    model = _model((2, 2))
+    strided = _StridedShard(0, split_factor=2)
+    one = (*CHOICES, strided)
+    pairs = []
+    for other, pos in itertools.product(CHOICES, (0, 1)):
+        if other == Shard(0) and pos == 0:
+            continue  # both axes shard dim 0: DTensor's strided path differs (README gaps)
+        for a, b in itertools.product(one, repeat=2):
+            if a != b and strided in (a, b):
+                pairs.append(((a, other), (b, other)) if pos == 0 else ((other, a), (other, b)))
+    assert len(pairs) == 56
+    s1r, s2r, pr = (Shard(1), Replicate()), (strided, Replicate()), (Partial(), Replicate())
+    assert [k for k, *_ in model.steps(s1r, s2r, SHAPE, 4)] == ["all_gather"]
+    assert [k for k, *_ in model.steps(pr, s2r, SHAPE, 4)] == ["all_reduce"]
+    with LocalTensorMode(mesh.size()):
+        flatten_mesh_groups(mesh)
+        bad = [msg for src, dst in pairs if (msg := _check(mesh, model, src, dst, move))]
+    assert not bad, f"{len(bad)} of {len(pairs)} transitions differ, e.g. {bad[:5]}"

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
-from autoplan.placements import Placements, plain
+from autoplan.placements import Placements, is_strided, plain
 from autoplan.strategies.dtensor import Placement
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
@@ -72,6 +72,7 @@ class EdgePricer:
         # small ints so that the per-pair caches hash ints, not DTensor placements.
         self._ids: dict[Placements, int] = {}
         self._axis_ids: dict[Placement, int] = {}
+        self._label_sign: list[int] = []  # per axis id: -1 for a _StridedShard (see encode)
         self._axes: list[tuple[int, ...]] = []  # per placement tuple: its axis ids
         self._kinds: list[tuple[int, ...]] = []  # per placement tuple: axis_kind of each axis
         self._reduces: list[bool] = []  # may run a fused reduce-scatter (2+ Partial axes)
@@ -133,13 +134,18 @@ class EdgePricer:
                 i = self._ids[p] = self.ids([q])[0]
             if i is None:
                 i = self._ids[p] = len(self._axes)
-                self._axes.append(
-                    tuple(self._axis_ids.setdefault(x, len(self._axis_ids)) for x in p)
-                )
+                self._axes.append(tuple(self._axis_id(x) for x in p))
                 self._kinds.append(tuple(axis_kind(x) for x in p))
                 self._reduces.append(self._kinds[-1].count(P_KIND) >= 2)
             out.append(i)
         return tuple(out)
+
+    def _axis_id(self, x: Placement) -> int:
+        a = self._axis_ids.get(x)
+        if a is None:
+            a = self._axis_ids[x] = len(self._label_sign)
+            self._label_sign.append(-1 if is_strided(x) else 1)
+        return a
 
     def _layout(
         self,
@@ -205,7 +211,7 @@ class EdgePricer:
         codes = tuple(
             (
                 k if k < 0 else dims.setdefault(k, len(dims)),
-                0 if k == R_KIND else labels.setdefault(a, len(labels) + 1),
+                0 if k == R_KIND else self._label_sign[a] * labels.setdefault(a, len(labels) + 1),
             )
             for a, k in zip(
                 self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], strict=True

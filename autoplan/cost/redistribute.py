@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, plain, sharded_dim
+from autoplan.placements import Placements, is_strided, plain, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
@@ -75,26 +75,32 @@ def encode(src: Placements, dst: Placements) -> tuple[tuple[Code, ...], tuple[Co
         label = next((i for i, q in enumerate(seen) if q == p), len(seen)) + 1
         if label > len(seen):
             seen.append(p)
-        codes.append((k, label))
+        codes.append((k, -label if is_strided(p) else label))
     return tuple(codes[: len(src)]), tuple(codes[len(src) :])
 
 
 def _step(src: Code, dst: Code) -> str | None:
-    """The collective one axis needs, ``""`` for a free local step, None if impossible."""
+    """The collective one axis needs, ``""`` for a free local step, None if impossible.
+
+    A ``_StridedShard`` (negative label) on either side takes DTensor's strided path,
+    which gathers the axis and cuts the target locally: an all-gather where two plain
+    shards of different dims would swap by all-to-all, and an all-reduce where a partial
+    would be reduce-scattered (``scripts/strided_moves.py``)."""
     if src == dst:
         return ""
     s, d = src[0], dst[0]
+    strided = src[1] < 0 or dst[1] < 0
     if s == P_KIND:
         if d == R_KIND:
             return "all_reduce"
         if d >= 0:
-            return "reduce_scatter"
+            return "all_reduce" if strided else "reduce_scatter"
         return None  # one partial kind to another
     if s >= 0:
         if d == R_KIND:
             return "all_gather"
         if d >= 0:
-            return "all_gather" if s == d else "all_to_all"
+            return "all_gather" if s == d or strided else "all_to_all"
         return None  # S -> P
     # src is Replicate (or of another kind): a local slice or zeroing
     return ""
@@ -175,11 +181,13 @@ def moves(
     for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh_shape):
         local = _divisor(current, mesh_shape)
         for a in axes:
-            current[a] = target
-        if kind:
+            current[a] = R_CODE if kind == "all_gather" else target
+        if kind:  # a gather moves the gathered size, also when a local cut follows it
             out.append(
                 (kind, axes, _divisor(current, mesh_shape) if kind == "all_gather" else local)
             )
+        for a in axes:
+            current[a] = target
     return out
 
 
