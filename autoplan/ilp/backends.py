@@ -264,6 +264,9 @@ def _run_cbc(job: _Job) -> RunResult:
         model, sol = os.path.join(tmp, "model.mps"), os.path.join(tmp, "model.sol")
         write_mps(m, model)
         args = [cbc_path(), model]
+        if mip and start is not None and cutoff is not None:
+            if float(m.cost @ start) + m.offset >= cutoff:
+                start = None  # CBC cannot use a start the cutoff rules out
         if mip and start is not None:
             mst = os.path.join(tmp, "start.mst")
             _write_start(start, mst)
@@ -271,7 +274,13 @@ def _run_cbc(job: _Job) -> RunResult:
         if time_limit_s is not None:
             args += ["-sec", str(float(time_limit_s))]
         if mip and cutoff is not None:
-            args += ["-cutoff", repr(float(cutoff))]
+            # A MIP under a cutoff near its LP bound is a proof that no plan is cheaper (the
+            # tied MIP after untying): CBC's preprocessing and root cuts cost more than the
+            # search. LLaMA3-70B native's, proved infeasible: 71 s -> 3.9 s with both off
+            # and no start (the start was the tied plan, above the cutoff: 5.8 s with it);
+            # its proof before the strided pricing rules 1.9 -> 1.8 s; the 8B ones (2 and 32
+            # layers, both modes) and 70B einsum's, 0.01-0.2 s either way.
+            args += ["-cutoff", repr(float(cutoff)), "-preprocess", "off", "-cuts", "off"]
         # Primal heuristics rarely pay on this ILP (its LP relaxation is nearly integral)
         # and the dual simplex suits its re-solves: on LLaMA3-8B 2 layers with a memory
         # budget, 21 s -> 6 s, same optimum. For an LP, -dualS is the whole solve: a
