@@ -253,3 +253,21 @@ def test_split_factor_one_gets_the_int_and_prices_of_its_shard_spelling():
     for q in others:
         assert model.cost_us(one, q, (8, 8), 4) == model.cost_us(spelt, q, (8, 8), 4)
         assert model.cost_us(q, one, (8, 8), 4) == model.cost_us(q, spelt, (8, 8), 4)
+
+
+def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
+    """Random placement tuples on 2x2x2 (S, _S, P, R): the numpy codes pick _pair's move for every pair."""
+    rng = random.Random(0)
+    pricer = EdgePricer(RedistributeModel((2, 2, 2), CollectiveModel(Topology())))
+    one = (
+        Replicate(), Partial(), Partial("avg"), Shard(0), Shard(1), Shard(2),
+        _StridedShard(0, split_factor=2), _StridedShard(1, split_factor=4),
+    )  # fmt: skip
+    tuples = [tuple(rng.choice(one) for _ in range(3)) for _ in range(60)]
+    ids = pricer.ids(tuples)
+    src = np.repeat(np.array(ids), len(ids))
+    dst = np.tile(np.array(ids), len(ids))
+    got = pricer._moves_of_any_shape(src, dst, (8, 8, 8))
+    pairs = zip(src.tolist(), dst.tolist(), strict=True)
+    want = [pricer._move_id(pricer._pair(a, b, -1, (8, 8, 8))) for a, b in pairs]
+    assert got.tolist() == want
