@@ -256,7 +256,7 @@ def test_split_factor_one_gets_the_int_and_prices_of_its_shard_spelling():
 
 
 def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
-    """Random placement tuples on 2x2x2 (S, _S, P, R): the numpy codes pick _pair's move for every pair."""
+    """Random placement tuples on 2x2x2 (S, _S, P, R), two shapes: the numpy forms pick _pair's move for every pair."""
     rng = random.Random(0)
     pricer = EdgePricer(RedistributeModel((2, 2, 2), CollectiveModel(Topology())))
     one = (
@@ -267,7 +267,11 @@ def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
     ids = pricer.ids(tuples)
     src = np.repeat(np.array(ids), len(ids))
     dst = np.tile(np.array(ids), len(ids))
-    got = pricer._moves_of_any_shape(src, dst, (8, 8, 8))
-    pairs = zip(src.tolist(), dst.tolist(), strict=True)
-    want = [pricer._move_id(pricer._pair(a, b, -1, (8, 8, 8))) for a, b in pairs]
-    assert got.tolist() == want
+    for div, shape in enumerate(((8, 4, 6), (6, 8, 4))):  # dim 0 divides by 4, then not
+        pricer.matrix_of_ids((ids[0],), (ids[0],), shape, 4)  # interns its divisibility
+        # as _layout asks: the divisibility where two P source axes may fuse, else -1
+        at = np.where([pricer._reduces[a] for a in src.tolist()], div, -1)
+        got = pricer._moves_of(src, dst, at, shape)
+        pairs = zip(src.tolist(), dst.tolist(), at.tolist(), strict=True)
+        want = [pricer._move_id(pricer._pair(a, b, d, shape)) for a, b, d in pairs]
+        assert got.tolist() == want

@@ -90,7 +90,7 @@ class EdgePricer:
         self._move_index: dict[tuple[int, ...] | None, int] = {}
         self._move_list: list[tuple[int, ...] | None] = []
         self._forms: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
-        self._walks: dict[bytes, int] = {}  # the codes of a move of any shape -> its id
+        self._walks: dict[bytes, int] = {}  # _moves_of's key of a form -> its move's id
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
 
@@ -183,13 +183,7 @@ class EdgePricer:
         which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
         miss = np.flatnonzero(which < 0)
         r, c = np.divmod(miss, len(cols))
-        anyshape = d[r] < 0  # most misses: their codes are made in numpy, at once
-        which[miss[anyshape]] = self._moves_of_any_shape(
-            r_ids[r[anyshape]], np.array(cols, dtype=np.int64)[c[anyshape]], shape
-        )
-        for k in miss[~anyshape].tolist():
-            r, c = divmod(k, len(cols))
-            which[k] = self._move_id(self._pair(rows[r], cols[c], int(d[r]), shape))
+        which[miss] = self._moves_of(r_ids[r], np.array(cols, dtype=np.int64)[c], d[r], shape)
         self._moves.update(zip([flat[k] for k in miss.tolist()], which[miss].tolist(), strict=True))
         present, inverse = np.unique(which, return_inverse=True)
         distinct = [self._move_list[m] for m in present.tolist()]
@@ -207,13 +201,14 @@ class EdgePricer:
         impossible = (present == self._move_id(None))[moves_of]
         return _Layout(tuple(local), slots, impossible)
 
-    def _moves_of_any_shape(
-        self, src: np.ndarray, dst: np.ndarray, shape: tuple[int, ...]
+    def _moves_of(
+        self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
     ) -> np.ndarray:
-        """Move ids of the pairs (src[i], dst[i]) of placement ids whose move fits every
-        shape: :meth:`_pair`'s codes made for all pairs at once in numpy, and one pair per
-        code never seen before walked. LLaMA3-70B native: 5.9 10^5 such pairs, 5.6 10^4
-        codes; cost phase 9.0 -> 8.0 s, where each pair's codes were made in Python.
+        """Move ids of the pairs (src[i], dst[i]) of placement ids at divisibility div[i]
+        (-1: a move that fits every shape): :meth:`_pair`'s forms made for all pairs at
+        once in numpy, and one pair per form never seen before walked. LLaMA3-70B native:
+        6.7 10^5 pairs, 6.6 10^4 forms; cost phase 9.0 -> 8.0 s against making each pair's
+        form in Python (the pairs of any shape only, two runs each).
         """
         if not len(src):
             return np.zeros(0, dtype=np.intp)
@@ -223,15 +218,24 @@ class EdgePricer:
         dim = np.where(kind >= 0, _first_seen(kind, kind >= 0), kind)
         sign = np.array(self._label_sign)[ax]
         label = np.where(kind == R_KIND, 0, (_first_seen(ax, kind != R_KIND) + 1) * sign)
-        codes = np.ascontiguousarray(np.stack([dim, label], axis=2), dtype=np.int8)
-        keys = codes.reshape(len(src), -1).view(f"V{codes[0].size}").ravel()
+        # _pair's form also holds, where the divisibility matters, whether each numbered
+        # dim divides by each flattened group: here per entry, as bits (0 where it does not
+        # matter; a form whose divisibility matters has two P source axes, so the codes
+        # alone tell the two kinds of form apart).
+        bits = np.zeros_like(kind)
+        for v in np.unique(div[div >= 0]).tolist():
+            per_dim = [sum(b << g for g, b in enumerate(x)) for x in self._divisibility[v]]
+            at = (div == v)[:, None] & (kind >= 0)
+            bits[at] = np.array(per_dim)[kind[at]]
+        form = np.ascontiguousarray(np.stack([dim, label, bits], axis=2), dtype=np.int16)
+        keys = form.reshape(len(src), -1).view(f"V{2 * form[0].size}").ravel()
         distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         ids = np.empty(len(distinct), dtype=np.intp)
         for u, (key, i) in enumerate(zip(distinct.tolist(), first.tolist(), strict=True)):
             m = self._walks.get(key)
             if m is None:
                 m = self._walks[key] = self._move_id(
-                    self._pair(int(src[i]), int(dst[i]), -1, shape)
+                    self._pair(int(src[i]), int(dst[i]), int(div[i]), shape)
                 )
             ids[u] = m
         return ids[inverse.ravel()]
