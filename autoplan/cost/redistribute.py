@@ -18,7 +18,11 @@ R -> S(d), R -> P   local slice / zero, no comm     0
 S -> P              not supported                   inf
 =================  ==============================
 
-``_StridedShard`` moves like ``Shard`` (it is one with a different order);
+``_StridedShard`` moves like ``Shard`` (it is one with a different order), except
+where DTensor's strided path differs: an axis going between a shard and an
+``_StridedShard`` of another dim is gathered and cut locally (an all-gather of the
+gathered size, not an all-to-all), and ``P`` to ``_StridedShard`` is an all-reduce
+(``scripts/strided_moves.py`` measures what is still priced otherwise);
 ``_S(d,1)`` *is* ``S(d)`` (no interleaving), and moving between the two
 spellings is free: the executor relabels the local shard.
 Axes are visited innermost first for gathers and reductions, as DTensor's
