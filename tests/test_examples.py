@@ -49,3 +49,12 @@ def test_plan_llama3_example_prints_and_saves_a_plan(tmp_path):
     assert saved["status"] == "optimal"
     assert saved["mesh_shape"] == [8, 8]
     assert len((ROOT / "examples" / "plan_llama3.py").read_text().splitlines()) <= 30
+
+
+def test_plan_moves_script_runs_every_move_of_a_tiny_native_plan_as_priced():
+    """`python scripts/plan_moves.py configs/tiny.yaml --set plan.mm_mode=native --all`: every move as priced, right shards."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "plan_moves.py"), "configs/tiny.yaml"]
+    done = _run([*cmd, "--set", "plan.mm_mode=native", "--all"], ROOT)
+    moves = re.findall(r"^\s+\d+ edges\s+(\S+) -> (\S+) on .*: (.*)$", done.stdout, re.M)
+    assert moves, done.stdout
+    assert all(result == "as priced; right shards" for *_, result in moves), done.stdout
