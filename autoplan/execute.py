@@ -294,12 +294,12 @@ def move(value: DTensor, mesh: DeviceMesh, want: Placements) -> DTensor:
     tests/test_redistribute_execution.py samples), 360 ran other collectives than priced
     through redistribute, none through this function.
     """
-    have = tuple(value.placements)
+    have, target = tuple(value.placements), plain(want)
     if have != plain(have):
         value = _relabel(value, mesh, plain(have))
-    if tuple(value.placements) != plain(want):
-        value = redistribute(value, mesh, plain(want))
-    if plain(want) != want:
+    if tuple(value.placements) != target:
+        value = redistribute(value, mesh, target)
+    if target != want:
         value = _relabel(value, mesh, want)
     return value
 

@@ -273,5 +273,5 @@ def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
         at = np.where([pricer._reduces[a] for a in src.tolist()], div, -1)
         got = pricer._moves_of(src, dst, at, shape)
         pairs = zip(src.tolist(), dst.tolist(), at.tolist(), strict=True)
-        want = [pricer._move_id(pricer._pair(a, b, d, shape)) for a, b, d in pairs]
+        want = [pricer._move_id(pricer._pair(a, b, shape)) for a, b, _ in pairs]
         assert got.tolist() == want

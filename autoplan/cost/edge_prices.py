@@ -28,7 +28,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -53,9 +52,6 @@ class _Layout:
     terms: tuple[int, ...]  # ids into EdgePricer's term list
     slots: np.ndarray  # (steps, rows, cols) int
     impossible: np.ndarray  # (rows, cols) bool
-
-
-_UNSEEN: Any = object()
 
 
 class EdgePricer:
@@ -89,8 +85,7 @@ class EdgePricer:
         self._moves: dict[int, int] = {}
         self._move_index: dict[tuple[int, ...] | None, int] = {}
         self._move_list: list[tuple[int, ...] | None] = []
-        self._forms: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
-        self._walks: dict[bytes, int] = {}  # _moves_of's key of a form -> its move's id
+        self._walks: dict[bytes, int] = {}  # a form (see _moves_of) -> its move's id
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
 
@@ -205,10 +200,11 @@ class EdgePricer:
         self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
     ) -> np.ndarray:
         """Move ids of the pairs (src[i], dst[i]) of placement ids at divisibility div[i]
-        (-1: a move that fits every shape): :meth:`_pair`'s forms made for all pairs at
-        once in numpy, and one pair per form never seen before walked. LLaMA3-70B native:
-        6.7 10^5 pairs, 6.6 10^4 forms; cost phase 9.0 -> 8.0 s against making each pair's
-        form in Python (the pairs of any shape only, two runs each).
+        (-1: a move that fits every shape). Pairs of one form share a walk: the forms are
+        made for all pairs at once in numpy, and one pair per form never seen before is
+        walked (:meth:`_pair`). LLaMA3-70B native: 6.7 10^5 pairs, 6.6 10^4 forms; cost
+        phase 9.0 -> 8.0 s against making each pair's form in Python (the pairs of any
+        shape only, two runs each).
         """
         if not len(src):
             return np.zeros(0, dtype=np.intp)
@@ -218,10 +214,10 @@ class EdgePricer:
         dim = np.where(kind >= 0, _first_seen(kind, kind >= 0), kind)
         sign = np.array(self._label_sign)[ax]
         label = np.where(kind == R_KIND, 0, (_first_seen(ax, kind != R_KIND) + 1) * sign)
-        # _pair's form also holds, where the divisibility matters, whether each numbered
-        # dim divides by each flattened group: here per entry, as bits (0 where it does not
-        # matter; a form whose divisibility matters has two P source axes, so the codes
-        # alone tell the two kinds of form apart).
+        # Where the divisibility matters, a form also holds whether each sharded dim
+        # divides by each flattened group: per entry, as bits (0 where it does not matter;
+        # a form whose divisibility matters has two P source axes, so the codes alone tell
+        # the two kinds of form apart).
         bits = np.zeros_like(kind)
         for v in np.unique(div[div >= 0]).tolist():
             per_dim = [sum(b << g for g, b in enumerate(x)) for x in self._divisibility[v]]
@@ -234,9 +230,7 @@ class EdgePricer:
         for u, (key, i) in enumerate(zip(distinct.tolist(), first.tolist(), strict=True)):
             m = self._walks.get(key)
             if m is None:
-                m = self._walks[key] = self._move_id(
-                    self._pair(int(src[i]), int(dst[i]), int(div[i]), shape)
-                )
+                m = self._walks[key] = self._move_id(self._pair(int(src[i]), int(dst[i]), shape))
             ids[u] = m
         return ids[inverse.ravel()]
 
@@ -248,9 +242,9 @@ class EdgePricer:
             self._move_list.append(terms)
         return m
 
-    def _pair(self, src: int, dst: int, div: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-        """Term ids of one move; any shape with the same divisibility ``div`` (-1: any shape)
-        gives the same."""
+    def _pair(self, src: int, dst: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Term ids of one move, walked on ``shape``: every pair with its form
+        (:meth:`_moves_of`) gives the same, whatever its shape."""
         # The codes of redistribute.encode with labels and sharded dims both numbered by
         # first appearance: the walk depends on a dim only through which placements shard
         # it and, for a fused reduce-scatter, whether it divides evenly, so S(0)S(1) ->
@@ -267,20 +261,10 @@ class EdgePricer:
                 self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], strict=True
             )
         )
-        order = tuple(dims)  # the tensor dim of each numbered one
-        if div >= 0:  # then only the numbered dims' divisibility matters, in their order
-            divisible = self._divisibility[div]
-            form: tuple[Any, ...] = (codes, tuple(divisible[d] for d in order))
-        else:
-            form = (codes, None)
-        terms = self._forms.get(form, _UNSEEN)
-        if terms is _UNSEEN:
-            n = len(self._axes[src])
-            renumbered = tuple(shape[d] for d in order)  # sizes of the numbered dims
-            found = moves(codes[:n], codes[n:], renumbered, self.redist.mesh_shape)
-            terms = None if found is None else tuple(self._term(t) for t in found)
-            self._forms[form] = terms
-        return terms
+        n = len(self._axes[src])
+        renumbered = tuple(shape[d] for d in dims)  # sizes of the numbered dims, in order
+        found = moves(codes[:n], codes[n:], renumbered, self.redist.mesh_shape)
+        return None if found is None else tuple(self._term(t) for t in found)
 
     def _term(self, term: Term) -> int:
         i = self._term_ids.get(term)

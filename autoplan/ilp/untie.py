@@ -27,8 +27,9 @@ the strategies within the tied incumbent's gap by that measure; every other
 node keeps the strategies the LP uses, plus the incumbent's own. The untied ILP
 over those (one node per copy) starts from the better of the mix and the tied
 incumbent, stops within 0.1 % of its own bound and is given as long as the
-relaxation took, and at least 10 s; if its plan is still more than 0.1 % above the tied bound, a second pass
-applies the reduced-cost test to every node. The plan is priced exactly and kept only when cheaper.
+relaxation took, and at least 10 s; if its plan is still more than 0.1 % above
+the tied bound, a second pass applies the reduced-cost test to every node. The
+plan is priced exactly and kept only when cheaper.
 
 Order: this runs between the tied relaxation and the tied MIP, and the untied
 plan's cost is the MIP's cutoff. The MIP still proves that no tied plan is
