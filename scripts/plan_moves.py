@@ -22,17 +22,17 @@ import math
 from collections import Counter
 
 import torch
+from move_check import run_move  # scripts/move_check.py: a script's own folder is on sys.path
 from torch.distributed.tensor import distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
 
 from autoplan.cli import run_plan
-from autoplan.execute import collective_counts, flatten_mesh_groups, move
+from autoplan.execute import flatten_mesh_groups
 from autoplan.mesh import fake_mesh
 from autoplan.placements import Placements, fmt, is_strided, sharded_dim
 from autoplan.plan import Plan
 from autoplan.rebuild import rebuild
 from autoplan.runfile import load_run
-from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, redistribute
+from autoplan.strategies.dtensor import LocalTensorMode, Partial
 
 
 def _moves(rb) -> Counter[tuple[Placements, Placements, int]]:
@@ -65,14 +65,7 @@ def _same_shards(out, ref) -> bool:
 
 
 def _run(mesh, redist, src: Placements, dst: Placements, shape: tuple) -> str:
-    x = torch.arange(float(math.prod(shape))).reshape(shape)
-    cleared = [Replicate() if isinstance(p, Partial) else p for p in src]
-    start = redistribute(distribute_tensor(x, mesh, cleared), mesh, src)  # R -> P: local
-    with CommDebugMode() as comm:
-        out = move(start, mesh, dst)
-    ran = collective_counts(comm.get_comm_counts())
-    steps = redist.steps(src, dst, shape, 4) or []
-    priced = dict(Counter(kind for kind, *_ in steps))
+    ran, priced, out, x = run_move(mesh, redist, src, dst, shape)
     if any(isinstance(p, Partial) for p in dst):
         right = torch.equal(out.full_tensor(), x)
     else:

@@ -19,14 +19,13 @@ import math
 from collections import Counter
 
 import torch
-from torch.distributed.tensor import distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
+from move_check import run_move  # scripts/move_check.py: a script's own folder is on sys.path
 
 import autoplan
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.topology import Topology
-from autoplan.execute import collective_counts, flatten_mesh_groups, move
+from autoplan.execute import flatten_mesh_groups, move
 from autoplan.placements import fmt
 from autoplan.strategies.dtensor import (
     LocalTensorMode,
@@ -72,26 +71,17 @@ def main() -> None:
     with LocalTensorMode(math.prod(mesh_shape)):
         flatten_mesh_groups(mesh)
         for src, dst in pairs:
-            steps = model.steps(src, dst, shape, 4)
-            if steps is None:
+            if model.steps(src, dst, shape, 4) is None:
                 counts["priced impossible"] += 1
                 continue
             what = f"{fmt(src)} -> {fmt(dst)}"
-            x = torch.arange(float(math.prod(shape))).reshape(shape)  # a tensor on every rank
             try:
-                start = distribute_tensor(
-                    x, mesh, [Replicate() if isinstance(p, Partial) else p for p in src]
-                )
-                start = redistribute(start, mesh, src)  # R -> P keeps x on one rank: local
-                with CommDebugMode() as comm:
-                    out = run(start, mesh, dst)
+                ran, priced, out, x = run_move(mesh, model, src, dst, shape, run)
                 right = torch.equal(out.full_tensor(), x)
             except Exception as err:  # noqa: BLE001 - a refused move is a finding here
                 counts["raised"] += 1
                 print(f"{what}: raised {type(err).__name__}: {str(err)[:90]}")
                 continue
-            ran = collective_counts(comm.get_comm_counts())
-            priced = dict(Counter(kind for kind, *_ in steps))
             if not right:
                 counts["wrong values"] += 1
                 print(f"{what}: wrong values")

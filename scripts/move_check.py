@@ -1,0 +1,46 @@
+"""Run one redistribution on a fake mesh and compare it with its price: shared by
+``scripts/strided_moves.py`` and ``scripts/plan_moves.py`` (a helper, not a script).
+
+Input: the mesh (a process group of :func:`autoplan.fake_mesh`, inside ``LocalTensorMode``
+with :func:`autoplan.execute.flatten_mesh_groups` done), a :class:`RedistributeModel`,
+source and target placements and a small shape. Output: the collectives that ran, the
+ones priced, the tensor the move gave and the one it started from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.execute import collective_counts, move
+from autoplan.placements import Placements
+from autoplan.strategies.dtensor import Partial, Replicate, redistribute
+
+Counts = dict[str, int]
+
+
+def run_move(
+    mesh,
+    model: RedistributeModel,
+    src: Placements,
+    dst: Placements,
+    shape: tuple[int, ...],
+    via: Callable[..., DTensor] = move,
+) -> tuple[Counts, Counts | None, DTensor, torch.Tensor]:
+    """(collectives run, collectives priced or None if priced impossible, result, input):
+    ``x = arange`` of ``shape`` placed as ``src`` (a Partial axis holds x on its first rank
+    and 0 elsewhere, DTensor's local R -> P) and moved to ``dst`` by ``via``."""
+    steps = model.steps(src, dst, shape, 4)
+    priced = None if steps is None else dict(Counter(kind for kind, *_ in steps))
+    x = torch.arange(float(math.prod(shape))).reshape(shape)
+    cleared = [Replicate() if isinstance(p, Partial) else p for p in src]
+    start = redistribute(distribute_tensor(x, mesh, cleared), mesh, src)
+    with CommDebugMode() as comm:
+        out = via(start, mesh, dst)
+    return collective_counts(comm.get_comm_counts()), priced, out, x
