@@ -230,9 +230,9 @@ def _routed_problem(seed: int) -> Problem:
         n = int(rng.integers(3, 6))
         direct = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0], (n, n))
         direct[rng.random((n, n)) < 0.25] = math.inf
-        dist, hop = closure(direct)
+        dist = closure(direct)
         arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
-        net = Network(tuple(range(n)), dist, hop, arc_src, arc_dst, direct[arc_src, arc_dst])
+        net = Network(tuple(range(n)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
         row_state = rng.choice(n, len(linear[u]))
         col_state = rng.choice(n, len(linear[v]))
         edges.append(

@@ -19,7 +19,7 @@ from autoplan.cost import routes as routes_module
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.routes import Router, canonical, closure, route_arcs
+from autoplan.cost.routes import Network, Router, canonical, closure, route_arcs
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups
 from autoplan.placements import fmt, parse
@@ -51,30 +51,51 @@ def _brute_dist(direct: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_closure_is_the_brute_force_cheapest_route_and_hops_follow_it(seed):
-    """Floyd-Warshall prices equal the cheapest of all simple paths; each route sums to its price."""
+def test_closure_is_the_brute_force_cheapest_route_and_routes_follow_it(seed):
+    """Floyd-Warshall prices equal the cheapest of all simple paths; each route is made of
+    the network's moves, sums to its price and has the fewest moves of any cheapest route
+    over them."""
     direct = _random_direct(seed, 5)
-    dist, hop = closure(direct)
-    np.testing.assert_array_equal(dist, _brute_dist(direct))
-    net_direct = np.where(np.eye(5, dtype=bool), 0.0, direct)
+    dist = closure(direct)
+    brute = _brute_dist(direct)
+    np.testing.assert_array_equal(dist, brute)
+    arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
+    net = Network(tuple(range(5)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
+    moves = {(x, y): direct[x, y] for x, y in zip(arc_src.tolist(), arc_dst.tolist(), strict=True)}
     for a, b in itertools.product(range(5), repeat=2):
         if not math.isfinite(dist[a, b]):
+            with pytest.raises(ValueError, match="no route"):
+                net.route(a, b)
             continue
-        path, x = [a], a
-        while x != b:
-            x = int(hop[x, b])
-            path.append(x)
-        assert sum(net_direct[x, y] for x, y in itertools.pairwise(path)) == dist[a, b]
+        path = net.route(a, b)
+        assert path[0] == a and path[-1] == b
+        assert sum(moves[x, y] for x, y in itertools.pairwise(path)) == dist[a, b]
+        only = np.where(route_arcs(direct, dist), direct, math.inf)
+        assert len(path) - 1 == _fewest_moves(only, a, b, dist[a, b])
+
+
+def _fewest_moves(direct: np.ndarray, a: int, b: int, price: float) -> int:
+    """Brute force: the fewest moves of a simple path from a to b costing ``price``."""
+    n = len(direct)
+    if a == b:
+        return 0
+    others = [k for k in range(n) if k not in (a, b)]
+    for size in range(len(others) + 1):
+        for mid in itertools.permutations(others, size):
+            path = [a, *mid, b]
+            if sum(direct[x, y] for x, y in itertools.pairwise(path)) == price:
+                return size + 1
+    raise AssertionError("no path at that price")
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_kept_moves_reproduce_every_cheapest_price(seed):
     """Routing over route_arcs' moves alone gives the same prices, free moves and cycles included."""
     direct = _random_direct(seed, 7, free=0.35)
-    dist, _ = closure(direct)
+    dist = closure(direct)
     arcs = route_arcs(direct, dist)
     only = np.where(arcs, direct, math.inf)
-    np.testing.assert_array_equal(closure(only)[0], dist)
+    np.testing.assert_array_equal(closure(only), dist)
     assert arcs.sum() <= np.isfinite(direct).sum() - len(direct)
 
 
@@ -105,7 +126,7 @@ def test_route_prices_never_exceed_one_move_and_the_moves_reproduce_them(mesh_sh
     net = edge.net
     only = np.full((net.size, net.size), math.inf)
     only[net.arc_src, net.arc_dst] = net.arc_cost
-    np.testing.assert_allclose(closure(only)[0], net.dist, rtol=1e-12)
+    np.testing.assert_allclose(closure(only), net.dist, rtol=1e-12)
     assert len(net.arc_src) < np.isfinite(net.dist).sum()
 
 
@@ -243,6 +264,6 @@ def test_networks_built_up_front_equal_the_ones_built_on_demand(monkeypatch, thr
             lazy.edge(rows, cols, shape, dtype_bytes),
         )
         np.testing.assert_array_equal(got.cost, want.cost)
-        for field in ("dist", "hop", "arc_src", "arc_dst", "arc_cost"):
+        for field in ("dist", "arc_src", "arc_dst", "arc_cost"):
             np.testing.assert_array_equal(getattr(got.net, field), getattr(want.net, field))
         assert got.net.states == want.net.states
