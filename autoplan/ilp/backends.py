@@ -275,12 +275,15 @@ def _run_cbc(job: _Job) -> RunResult:
             args += ["-sec", str(float(time_limit_s))]
         if mip and cutoff is not None:
             # A MIP under a cutoff near its LP bound is a proof that no plan is cheaper (the
-            # tied MIP after untying): CBC's preprocessing and root cuts cost more than the
-            # search. LLaMA3-70B native's, proved infeasible: 71 s -> 3.9 s with both off
-            # and no start (the start was the tied plan, above the cutoff: 5.8 s with it);
-            # its proof before the strided pricing rules 1.9 -> 1.8 s; the 8B ones (2 and 32
-            # layers, both modes) and 70B einsum's, 0.01-0.2 s either way.
-            args += ["-cutoff", repr(float(cutoff)), "-preprocess", "off", "-cuts", "off"]
+            # tied MIP after untying): CBC's preprocessing, root cuts and presolve cost more
+            # than the search. LLaMA3-70B native's, proved infeasible: 71 s -> 3.9 s with the
+            # first two off and no start (the start was the tied plan, above the cutoff: 5.8 s
+            # with it), 3.8-3.9 -> 1.9 s with presolve off too (14 -> 6 nodes; at four other
+            # cutoffs 0.1-1.1 s faster); its proof before the strided pricing rules 1.9 -> 1.7
+            # s; the 8B ones (2 and 32 layers, both modes) and 70B einsum's 0.01-0.2 s either
+            # way.
+            args += ["-cutoff", repr(float(cutoff))]
+            args += ["-preprocess", "off", "-cuts", "off", "-presolve", "off"]
         # Primal heuristics rarely pay on this ILP (its LP relaxation is nearly integral)
         # and the dual simplex suits its re-solves: on LLaMA3-8B 2 layers with a memory
         # budget, 21 s -> 6 s, same optimum. For an LP, -dualS is the whole solve: a
