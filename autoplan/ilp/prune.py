@@ -19,7 +19,8 @@ against the strategies allowed before the round, which the argument allows
 (each switch is checked against a superset of what is left), then
 :func:`~autoplan.ilp.problem.simplify` drops the rows and columns nothing
 maps to any more, which can make more strategies dominated; rounds repeat to
-a fixpoint. A strategy forbidden by the user was never allowed, so it never
+a fixpoint or ``max_rounds`` (:func:`~autoplan.ilp.build.build_ilp` runs one: see
+its ``_PRUNE_ROUNDS``). A strategy forbidden by the user was never allowed, so it never
 dominates: constrained choices only lose strategies to allowed ones.
 
 This is the pruning of Alpa-style planners made exact (Zheng et al., OSDI
@@ -129,7 +130,8 @@ def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
 
 
 def prune_dominated(p: Problem, *, max_rounds: int = 50) -> int:
-    """Remove dominated strategies to a fixpoint; returns how many were removed."""
+    """Remove dominated strategies to a fixpoint, or for ``max_rounds`` rounds; returns how
+    many were removed."""
     removed = 0
     seen: dict[str, np.ndarray] = {}
     for _ in range(max_rounds):
