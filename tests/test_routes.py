@@ -22,7 +22,7 @@ from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.routes import Network, Router, canonical, closure, route_arcs
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups
-from autoplan.placements import fmt, parse
+from autoplan.placements import Placements, fmt, parse
 from autoplan.runfile import load_topology
 from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, redistribute
 from tests.test_redistribute_execution import _start
@@ -242,28 +242,44 @@ def test_free_cycle_agrees_with_networkx_on_random_price_matrices():
 
 
 @pytest.mark.parametrize("threaded", [0, 10**9])
-def test_networks_built_up_front_equal_the_ones_built_on_demand(monkeypatch, threaded):
-    """Router.prepare (closing on worker threads, or in the caller's thread for small networks)
-    builds the same networks and prices as Router.edge alone."""
-    monkeypatch.setattr(routes_module, "_THREADED", threaded)
+def test_edges_of_one_shape_share_one_network_built_alike_on_threads_or_not(monkeypatch, threaded):
+    """Router.prepare builds one network per shape and element size holding every edge's
+    placements, the same closed on worker threads or in the caller's thread and in any
+    edge order, and no move costs more on it than on the edge's own network."""
     shape = (16, 3, 128)  # 3 splits unevenly: S(1) on any axis is no waypoint, only an edge's own
     states = canonical(shape, (2, 2, 2))
     own = [parse("S(1)RR", 3), parse("RS(1)R", 3), parse("RRS(1)", 3)]
     edges = [
         (states[:40], states[20:70], shape, 4),
-        (own + states[:5], states[3:30], shape, 4),
+        (own[:1] + states[:5], states[3:30], shape, 4),
+        (states[60:], own[1:], shape, 4),
         (states[60:], own[::-1], shape, 2),
         (states[:40], states[20:70], shape, 4),  # asked twice: built once
     ]
-    ahead, lazy = _router((2, 2, 2)), _router((2, 2, 2))
+    monkeypatch.setattr(routes_module, "_THREADED", threaded)
+    ahead = _router((2, 2, 2))
     ahead.prepare(edges)
-    assert len(ahead._nets) == 3
+    monkeypatch.setattr(routes_module, "_THREADED", 10**9 - threaded)
+    reverse = _router((2, 2, 2))
+    reverse.prepare(edges[::-1])
+    assert len(ahead._nets) == 2
     for rows, cols, shape, dtype_bytes in edges:
-        got, want = (
-            ahead.edge(rows, cols, shape, dtype_bytes),
-            lazy.edge(rows, cols, shape, dtype_bytes),
-        )
-        np.testing.assert_array_equal(got.cost, want.cost)
-        for field in ("dist", "arc_src", "arc_dst", "arc_cost"):
-            np.testing.assert_array_equal(getattr(got.net, field), getattr(want.net, field))
-        assert got.net.states == want.net.states
+        got = ahead.edge(rows, cols, shape, dtype_bytes)
+        other = reverse.edge(rows, cols, shape, dtype_bytes)
+        alone = _router((2, 2, 2)).edge(rows, cols, shape, dtype_bytes)
+        # the routers number placements in the order they meet them: compare by placement
+        order = [other.net.states.index(p) for p in got.net.states]
+        assert sorted(order) == list(range(other.net.size))
+        np.testing.assert_array_equal(got.net.dist, other.net.dist[np.ix_(order, order)])
+        assert _moves(got.net) == _moves(other.net)
+        np.testing.assert_array_equal(got.cost, other.cost)
+        assert (got.cost <= alone.cost).all()
+        if dtype_bytes == 4:  # every S(1) placement of the three fp32 edges, on each network
+            assert set(own) <= set(got.net.states)
+
+
+def _moves(net: Network) -> set[tuple[Placements, Placements, float]]:
+    return {
+        (net.states[a], net.states[b], float(c))
+        for a, b, c in zip(net.arc_src, net.arc_dst, net.arc_cost, strict=True)
+    }

@@ -4,8 +4,9 @@ Stage 4, cost (called by :mod:`autoplan.cost.price`). Input: an edge's distinct
 source placements (rows), target placements (columns), the tensor's shape and
 element size. Output: the rows x columns matrix of *route* prices, and the
 :class:`Network` the routes run through: every placement of the tensor the
-route may pass (one of R, P or S(d) on each axis, plus the edge's own), the
-cheapest price between any two, and the direct moves routes are made of.
+route may pass (one of R, P or S(d) on each axis, plus those of every edge of
+the same shape), the cheapest price between any two, and the direct moves
+routes are made of.
 
 Why routes: DTensor moves a tensor by one fixed per-axis walk, and a detour
 can be far cheaper. On LLaMA3-70B's 8x8x8 H100 mesh (tp across nodes, cp
@@ -163,7 +164,7 @@ def canonical(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placement
     Uneven splits (a dim of 1 or 2 on an 8-way axis) are left out as waypoints: on
     LLaMA3-70B's rank-5 RoPE views they made the network 343 placements instead of
     216, and leaving them out changed no plan we measured (70B, 8B in both modes).
-    An edge's own placements are added whatever they are.
+    The placements of the edges of that shape are added whatever they are.
     """
     per_axis = [
         [Replicate(), Partial(), *(Shard(d) for d, n in enumerate(shape) if n % m == 0 and n >= m)]
@@ -254,7 +255,8 @@ class Router:
         shape: tuple[int, ...],
         dtype_bytes: int,
     ) -> RoutedEdge:
-        """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring)."""
+        """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring).
+        An edge :meth:`prepare` was not given gets a network of its own placements."""
         key = (self.pricer.ids(rows), self.pricer.ids(cols), shape, dtype_bytes)
         if key not in self._edges:  # not prepared: built here, in this thread
             self.prepare([(rows, cols, shape, dtype_bytes)])
@@ -271,36 +273,54 @@ class Router:
         edges: Iterable[tuple[Sequence[Placements], Sequence[Placements], tuple[int, ...], int]],
     ) -> None:
         """Price these (rows, cols, shape, dtype_bytes) edges by routes before :meth:`edge`
-        asks for them, building their networks: each priced in this thread while the ones
-        before it are closed on worker threads.
+        asks for them. The edges of one tensor shape and element size share one network:
+        the waypoints and every placement any of them has. Networks are priced in this
+        thread while the ones before are closed on worker threads.
+
+        One network per shape, so that a move has one price whatever edge asks: routes
+        through the edges' own placements (the strided ones, which are no waypoints) are
+        most of what makes moves cheap on LLaMA3-70B native (through its 64 waypoints
+        alone, 74 % of the prices of the 503-state network of one mm input were dearer, up
+        to 286x), and with a network per edge an edge with fewer of them paid more for the
+        same move. 70B native: 81 -> 36 networks, plan 14 709.56 -> 14 703.16 ms; the 8B
+        plans and 70B einsum's are unchanged.
 
         Closing a network (Floyd-Warshall, then :func:`route_arcs`) is n numpy passes over
         n x n arrays, which numpy runs without holding the GIL, while pricing its moves is
         Python. When LLaMA3-70B native networks had 984 states (before ``_S(d,1)`` was read
         as ``S(d)``; now at most 503), each took 1.4-1.7 s to close, and four took 8.3 s one
-        after the other and 5.2 s on two threads. Built one edge at a time, the networks
-        are the same.
+        after the other and 5.2 s on two threads.
         """
-        asked: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # edge key -> network key
-        todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]] = {}
+        asked: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}  # edge -> its group
+        groups: dict[tuple[tuple[int, ...], int], dict[int, Placements]] = {}
         for rows, cols, shape, dtype_bytes in edges:
             row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
             edge_key = (row_ids, col_ids, shape, dtype_bytes)
             if edge_key in self._edges or edge_key in asked:
                 continue
-            canon, canon_ids, extra, extra_ids = self._states(row_ids, col_ids, rows, cols, shape)
-            key = (canon_ids + extra_ids, shape, dtype_bytes)
-            asked[edge_key] = key
+            asked[edge_key] = (shape, dtype_bytes)
+            own = groups.setdefault((shape, dtype_bytes), {})
+            for i, p in zip(row_ids + col_ids, [*rows, *cols], strict=True):
+                own.setdefault(i, p)
+        todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]] = {}
+        net_of: dict[tuple[tuple[int, ...], int], tuple[Any, ...]] = {}
+        for (shape, dtype_bytes), own in groups.items():
+            canon, canon_ids = self._canonical(shape)
+            waypoints = set(canon_ids)
+            # by id, not in the edges' order: the same placements make the same network
+            extra_ids = tuple(sorted(i for i in own if i not in waypoints))
+            key = net_of[shape, dtype_bytes] = (canon_ids + extra_ids, shape, dtype_bytes)
             if key not in self._nets and key not in todo:
-                todo[key] = (canon + extra, canon_ids, extra_ids)
+                todo[key] = (canon + [own[i] for i in extra_ids], canon_ids, extra_ids)
         self._build(todo)
-        for (row_ids, col_ids, _, _), key in asked.items():
-            net = self._nets[key]
-            pos = {s: k for k, s in enumerate(key[0])}
+        where = {key: {s: k for k, s in enumerate(key[0])} for key in net_of.values()}
+        for (row_ids, col_ids, shape, dtype_bytes), group in asked.items():
+            key = net_of[group]
+            net, pos = self._nets[key], where[key]
             row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
             col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
             cost = net.dist[np.ix_(row_state, col_state)]
-            self._edges[row_ids, col_ids, key[1], key[2]] = RoutedEdge(
+            self._edges[row_ids, col_ids, shape, dtype_bytes] = RoutedEdge(
                 cost, net, row_state, col_state
             )
 
@@ -331,29 +351,6 @@ class Router:
         finally:
             if pool is not None:
                 pool.shutdown()
-
-    def _states(
-        self,
-        row_ids: tuple[int, ...],
-        col_ids: tuple[int, ...],
-        rows: Sequence[Placements],
-        cols: Sequence[Placements],
-        shape: tuple[int, ...],
-    ) -> tuple[list[Placements], tuple[int, ...], list[Placements], tuple[int, ...]]:
-        """A network's waypoints and the edge's own placements that are not waypoints (by
-        id), each with their ids: the network's states are the two in that order.
-
-        By id, not in the edge's order, so that edges with the same placements in another
-        order share one network: LLaMA3-70B native, 100 networks -> 81, cost phase 14.9 ->
-        11.2 s, the same plan."""
-        canon, canon_ids = self._canonical(shape)
-        waypoints = set(canon_ids)
-        own: dict[int, Placements] = {}
-        for i, p in zip(row_ids + col_ids, [*rows, *cols], strict=True):
-            if i not in waypoints:
-                own.setdefault(i, p)
-        extra_ids = tuple(sorted(own))
-        return canon, canon_ids, [own[i] for i in extra_ids], extra_ids
 
     def _direct(
         self,
