@@ -86,6 +86,9 @@ class EdgePricer:
         self._move_index: dict[tuple[int, ...] | None, int] = {}
         self._move_list: list[tuple[int, ...] | None] = []
         self._walks: dict[bytes, int] = {}  # a form (see _moves_of) -> its move's id
+        self._forms: list[int] = []  # per placement tuple: the form of its own codes
+        self._form_ids: dict[tuple[tuple[int, int], ...], int] = {}
+        self._grid_walks: dict[int, int] = {}  # a pair's packed form (see _grid) -> move id
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
 
@@ -143,6 +146,8 @@ class EdgePricer:
                 self._axes.append(tuple(self._axis_id(x) for x in p))
                 self._kinds.append(tuple(axis_kind(x) for x in p))
                 self._reduces.append(self._kinds[-1].count(P_KIND) >= 2)
+                own = self._codes(self._axes[-1], self._kinds[-1], {}, {})
+                self._forms.append(self._form_ids.setdefault(own, len(self._form_ids)))
             seen[id(p)] = (p, i)
             out.append(i)
         return tuple(out)
@@ -161,26 +166,19 @@ class EdgePricer:
         div: int,
         shape: tuple[int, ...],
     ) -> _Layout:
-        # On 3-axis meshes an edge has 10^4-10^5 pairs: each pair is one int key and one
-        # dict lookup in C (map), and only the pairs never seen before walk in Python.
-        # Divisibility only decides whether _fuse merges a run of reduce-scatters, and a
-        # run needs two equal Partial source axes; other moves fit every shape. A key packs
-        # (row id, column id, divisibility + 1) in 23, 24 and 16 bits: a run has a few
-        # thousand placement tuples and a handful of divisibilities.
-        r_ids = np.array(rows, dtype=np.int64)
-        d = np.where(np.array([self._reduces[r] for r in rows], dtype=bool), div, -1)
-        keys = (
-            (r_ids[:, None] << 40)
-            + (np.array(cols, dtype=np.int64)[None, :] << 16)
-            + (d[:, None] + 1)
-        )
-        flat = keys.ravel().tolist()
-        which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
-        miss = np.flatnonzero(which < 0)
-        r, c = np.divmod(miss, len(cols))
-        which[miss] = self._moves_of(r_ids[r], np.array(cols, dtype=np.int64)[c], d[r], shape)
-        self._moves.update(zip([flat[k] for k in miss.tolist()], which[miss].tolist(), strict=True))
-        present, inverse = np.unique(which, return_inverse=True)
+        r_ids, c_ids = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+        which = np.empty((len(rows), len(cols)), dtype=np.intp)
+        fused = np.array([self._reduces[r] for r in rows], dtype=bool)
+        plain = np.flatnonzero(~fused)
+        if len(plain):
+            which[plain] = self._grid(r_ids[plain], c_ids, shape)
+        if fused.any():
+            which[fused] = self._pairs(r_ids[fused], c_ids, div, shape)
+        # the moves present, and each pair's index among them (move ids are small ints)
+        present = np.flatnonzero(np.bincount(which.ravel(), minlength=len(self._move_list)))
+        index = np.zeros(len(self._move_list), dtype=np.intp)
+        index[present] = np.arange(len(present))
+        inverse = index[which]
         distinct = [self._move_list[m] for m in present.tolist()]
         local: dict[int, int] = {}
         for terms in distinct:
@@ -191,10 +189,65 @@ class EdgePricer:
         for u, terms in enumerate(distinct):
             for k, t in enumerate(terms or ()):
                 table[u, k] = local[t]
-        moves_of = inverse.reshape(len(rows), len(cols))
-        slots = np.ascontiguousarray(np.moveaxis(table[moves_of], -1, 0))
-        impossible = (present == self._move_id(None))[moves_of]
+        slots = np.ascontiguousarray(np.moveaxis(table[inverse], -1, 0))
+        impossible = (present == self._move_id(None))[inverse]
         return _Layout(tuple(local), slots, impossible)
+
+    def _grid(self, rows: np.ndarray, cols: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Move ids of every (row, column) pair of placement ids, rows that cannot run a
+        fused reduce-scatter only (their moves fit every shape).
+
+        A pair's form (:meth:`_moves_of`) is a function of the row's own form, the
+        column's, and which of the row's axes hold the same placement (or shard the
+        same dim) as which of the column's: those pack into one int per pair, made for
+        the whole grid in numpy, and one pair per new int is walked. LLaMA3-70B native:
+        3.1 10^6 pairs, where a dict lookup per pair and numpy forms for the 7.2 10^5
+        never seen took 2.3 s of the cost phase's 3.4 s of layouts.
+        """
+        n = len(self.redist.mesh_shape)
+        if len(self._form_ids) >= 1 << 20 or 2 * n * n + 40 > 63:  # does not pack: by pair
+            return self._pairs(rows, cols, -1, shape)
+        axes, kinds = np.array(self._axes), np.array(self._kinds)
+        ra, rk, ca, ck = axes[rows].T, kinds[rows].T, axes[cols].T, kinds[cols].T
+        forms = np.array(self._forms, dtype=np.int64)
+        key = (forms[rows][:, None] << 20 | forms[cols][None, :]) << (2 * n * n)
+        shift = 0
+        for i, j in itertools.product(range(n), repeat=2):
+            held = (rk[i] != R_KIND)[:, None] & (ck[j] != R_KIND)[None, :]
+            key |= (held & (ra[i][:, None] == ca[j][None, :])).astype(np.int64) << (shift + n * n)
+            sharded = (rk[i] >= 0)[:, None] & (ck[j] >= 0)[None, :]
+            key |= (sharded & (rk[i][:, None] == ck[j][None, :])).astype(np.int64) << shift
+            shift += 1
+        distinct, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
+        ids = np.empty(len(distinct), dtype=np.intp)
+        for u, (k, i) in enumerate(zip(distinct.tolist(), first.tolist(), strict=True)):
+            m = self._grid_walks.get(k)
+            if m is None:
+                r, c = divmod(i, len(cols))
+                m = self._move_id(self._pair(int(rows[r]), int(cols[c]), shape))
+                self._grid_walks[k] = m
+            ids[u] = m
+        return ids[inverse].reshape(len(rows), len(cols))
+
+    def _pairs(
+        self, rows: np.ndarray, cols: np.ndarray, div: int, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        """Move ids of every (row, column) pair at divisibility ``div`` (-1: a move that
+        fits every shape), by pair: a dict lookup each, and :meth:`_moves_of` for those
+        never seen.
+
+        A key packs (row id, column id, divisibility + 1) in 23, 24 and 16 bits: a run
+        has a few thousand placement tuples and a handful of divisibilities.
+        """
+        d = np.where(np.array([self._reduces[r] for r in rows.tolist()], dtype=bool), div, -1)
+        keys = (rows[:, None] << 40) + (cols[None, :] << 16) + (d[:, None] + 1)
+        flat = keys.ravel().tolist()
+        which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
+        miss = np.flatnonzero(which < 0)
+        r, c = np.divmod(miss, len(cols))
+        which[miss] = self._moves_of(rows[r], cols[c], d[r], shape)
+        self._moves.update(zip([flat[k] for k in miss.tolist()], which[miss].tolist(), strict=True))
+        return which.reshape(len(rows), len(cols))
 
     def _moves_of(
         self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
@@ -250,21 +303,31 @@ class EdgePricer:
         # it and, for a fused reduce-scatter, whether it divides evenly, so S(0)S(1) ->
         # S(1)S(0) and S(2)S(3) -> S(3)S(2) (or S(0)R -> _S(0,2)R and S(0)R -> _S(0,4)R)
         # share one walk. LLaMA3-70B native, 8x8x8 mesh: 672 933 pairs, 66 093 walks.
-        labels: dict[int, int] = {}
         dims: dict[int, int] = {}
-        codes = tuple(
-            (
-                k if k < 0 else dims.setdefault(k, len(dims)),
-                0 if k == R_KIND else self._label_sign[a] * labels.setdefault(a, len(labels) + 1),
-            )
-            for a, k in zip(
-                self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], strict=True
-            )
+        codes = self._codes(
+            self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], {}, dims
         )
         n = len(self._axes[src])
         renumbered = tuple(shape[d] for d in dims)  # sizes of the numbered dims, in order
         found = moves(codes[:n], codes[n:], renumbered, self.redist.mesh_shape)
         return None if found is None else tuple(self._term(t) for t in found)
+
+    def _codes(
+        self,
+        axes: tuple[int, ...],
+        kinds: tuple[int, ...],
+        labels: dict[int, int],
+        dims: dict[int, int],
+    ) -> tuple[tuple[int, int], ...]:
+        """:func:`~autoplan.cost.redistribute.encode`'s codes with labels and sharded dims
+        numbered by first appearance (``labels``, ``dims``: the numbering, filled in)."""
+        return tuple(
+            (
+                k if k < 0 else dims.setdefault(k, len(dims)),
+                0 if k == R_KIND else self._label_sign[a] * labels.setdefault(a, len(labels) + 1),
+            )
+            for a, k in zip(axes, kinds, strict=True)
+        )
 
     def _term(self, term: Term) -> int:
         i = self._term_ids.get(term)
