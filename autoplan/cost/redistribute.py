@@ -183,13 +183,12 @@ def moves(
     current = list(src)
     out: list[tuple[str, tuple[int, ...], int]] = []
     for kind, axes, target in _fuse(_transforms(src, dst), shape, mesh_shape):
-        local = _divisor(current, mesh_shape)
-        for a in axes:
-            current[a] = R_CODE if kind == "all_gather" else target
-        if kind:  # a gather moves the gathered size, also when a local cut follows it
-            out.append(
-                (kind, axes, _divisor(current, mesh_shape) if kind == "all_gather" else local)
-            )
+        if kind == "all_gather":  # moves the gathered size, also when a local cut follows
+            for a in axes:
+                current[a] = R_CODE
+            out.append((kind, axes, _divisor(current, mesh_shape)))
+        elif kind:  # moves the local size before the step
+            out.append((kind, axes, _divisor(current, mesh_shape)))
         for a in axes:
             current[a] = target
     return out
@@ -254,6 +253,10 @@ def _fuse(
         if kind in ("all_gather", "all_reduce", "reduce_scatter"):
             while j < len(steps) and steps[j][1:] == (a, b):
                 j += 1
+        if j == i + 1:  # a lone step: nothing to merge
+            out.append((kind, (axis,), b))
+            i = j
+            continue
         run = steps[i:j]
         axes = [s[0] for s in run]
         order = axes if kind == "all_reduce" else sorted(axes, reverse=kind == "all_gather")
