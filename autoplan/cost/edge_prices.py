@@ -72,6 +72,7 @@ class EdgePricer:
         # ids 1.0 -> 0.5 s, cost phase 7.8-7.9 -> 7.0-7.3 s). Each entry holds its tuple, so
         # no id is reused while it is cached.
         self._seen: dict[int, tuple[Placements, int]] = {}
+        self._seqs: dict[int, tuple[tuple[Placements, ...], tuple[int, ...]]] = {}
         self._axis_ids: dict[Placement, int] = {}
         self._label_sign: list[int] = []  # per axis id: -1 for a _StridedShard (see encode)
         self._axes: list[tuple[int, ...]] = []  # per placement tuple: its axis ids
@@ -131,6 +132,11 @@ class EdgePricer:
     def ids(self, placements: Sequence[Placements]) -> tuple[int, ...]:
         """Small ints standing for placement tuples, the same int for equal tuples."""
         # Hash each placement tuple once per edge; the caches below key on small ints.
+        # An edge side's tuple of placements is shared by the edges of twin nodes.
+        if isinstance(placements, tuple):
+            hit_seq = self._seqs.get(id(placements))
+            if hit_seq is not None and hit_seq[0] is placements:
+                return hit_seq[1]
         out = []
         seen = self._seen
         for p in placements:
@@ -150,6 +156,8 @@ class EdgePricer:
                 self._forms.append(self._form_ids.setdefault(own, len(self._form_ids)))
             seen[id(p)] = (p, i)
             out.append(i)
+        if isinstance(placements, tuple):
+            self._seqs[id(placements)] = (placements, tuple(out))
         return tuple(out)
 
     def _axis_id(self, x: Placement) -> int:

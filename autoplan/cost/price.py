@@ -93,10 +93,16 @@ class CostTable:
 
 
 def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Placements, ...]]:
+    # Strategies share their placement tuples: each object is hashed (in Python, for
+    # DTensor's placements) once, and found by identity after.
     index: dict[Placements | None, int] = {}
+    by_id: dict[int, int] = {}
     group = np.empty(len(placements), dtype=np.int64)
     for i, p in enumerate(placements):
-        group[i] = index.setdefault(p, len(index))
+        g = by_id.get(id(p))
+        if g is None:
+            g = by_id[id(p)] = index.setdefault(p, len(index))
+        group[i] = g
     return group, tuple(index)  # type: ignore[arg-type]
 
 
@@ -133,15 +139,20 @@ def _activation_edges(table: StrategyTable) -> dict[tuple[Any, ...], _Grouped]:
     """Each distinct activation edge's sides grouped as :func:`edge_cost` groups them, by
     the key :func:`price` caches edges under."""
     out: dict[tuple[Any, ...], _Grouped] = {}
+    sides: dict[tuple[int, int, bool], tuple[np.ndarray, tuple[Placements, ...]]] = {}
     for ns in table.nodes.values():
         for slot, ref in enumerate(ns.inputs):
             producer = table.nodes[ref.node]
             key = (id(producer.strategies), ref.index, id(ns.strategies), slot, ns.in_tensors[slot])
-            if key not in out:
-                out[key] = (
-                    *_groups([s.outs[ref.index] for s in producer.strategies]),
-                    *_groups([s.ins[slot] for s in ns.strategies]),
-                )
+            if key in out:
+                continue
+            src = (id(producer.strategies), ref.index, True)
+            if src not in sides:
+                sides[src] = _groups([s.outs[ref.index] for s in producer.strategies])
+            dst = (id(ns.strategies), slot, False)
+            if dst not in sides:
+                sides[dst] = _groups([s.ins[slot] for s in ns.strategies])
+            out[key] = (*sides[src], *sides[dst])
     return out
 
 
@@ -233,8 +244,11 @@ def price(
         grad = traced.grads.get(fqn)
         if grad is not None and grad in table.nodes:
             g = table.nodes[grad]
-            edges.append(
-                edge_cost(
+            tensor = replace(info, dtype_bytes=reduce_bytes) if reduce_bytes else info
+            gkey = (id(g.strategies), id(ns.strategies), tensor)
+            cached = edge_cache.get(gkey) if cache else None
+            if cached is None:
+                cached = edge_cache[gkey] = edge_cost(
                     pricer,
                     grad,
                     0,
@@ -242,7 +256,7 @@ def price(
                     GRAD_SLOT,
                     [s.outs[0] for s in g.strategies],
                     [s.outs[0] for s in ns.strategies],
-                    replace(info, dtype_bytes=reduce_bytes) if reduce_bytes else info,
+                    tensor,
                 )
-            )
+            edges.append(replace(cached, src=grad, dst=pname))
     return CostTable(compute=compute, edges=tuple(edges), memory=memory)
