@@ -145,6 +145,7 @@ class _Enumerator:
         self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
         self.fallback: dict[str, None] = {}
         self._infos: dict[fx.Node, TensorInfo | None] = {}  # first output's, per node
+        self._tensor_infos: dict[tuple[Any, ...], TensorInfo | None] = {}
         self._placeholders: dict[tuple[int, ...], tuple[Strategy, ...]] = {}
         self.kinds = {n: "param" for n in traced.params}
         self.kinds |= {n: "buffer" for n in traced.buffers}
@@ -176,7 +177,7 @@ class _Enumerator:
     def _node(self, node: fx.Node) -> NodeStrategies | None:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            info = self._infos[node] = _tensor_info(val)
+            info = self._infos[node] = self._tensor_info(val)
             assert info is not None, f"placeholder {node.name} is not a tensor"
             # one shared tuple per shape: the 80 layers' weights ask the same question
             strategies = self._placeholder_strategies(info.shape)
@@ -190,19 +191,21 @@ class _Enumerator:
         if not isinstance(node.target, torch._ops.OpOverload):
             return None
         outs = val if isinstance(val, (tuple, list)) else (val,)
-        out_infos = tuple(_tensor_info(v) for v in outs)
+        out_infos = tuple(self._tensor_info(v) for v in outs)
         self._infos[node] = out_infos[0]
         if all(i is None for i in out_infos):
             return None
         in_nodes = tensor_args(node)
         inputs = tuple(InputRef(a.name, 0) for a in in_nodes)
         in_infos = tuple(self._info(a) for a in in_nodes)
-        # Identical layers ask identical questions: answer each once per run.
+        # Identical layers ask identical questions: answer each once per run. Tensor infos
+        # are interned (_tensor_info), so they enter the key by identity, not by a hash
+        # computed in Python for every node.
         key = (
             node.target,
             static_args(node),
-            in_infos,
-            out_infos,
+            tuple(map(id, in_infos)),
+            tuple(map(id, out_infos)),
             tuple(self._candidate_entry(a)[0] for a in in_nodes),
         )
         cached = self.cache.get(key) if self.use_cache else None
@@ -226,10 +229,20 @@ class _Enumerator:
             pointwise=torch.Tag.pointwise in node.target.tags,
         )
 
+    def _tensor_info(self, val: Any) -> TensorInfo | None:
+        """The metadata of a traced value, one object per distinct shape and dtype."""
+        if not isinstance(val, torch.Tensor):
+            return None
+        key = (tuple(val.shape), val.dtype)
+        info = self._tensor_infos.get(key)
+        if info is None:
+            info = self._tensor_infos[key] = _tensor_info(val)
+        return info
+
     def _info(self, node: fx.Node) -> TensorInfo | None:
         """The tensor metadata of ``node``'s value, read once per node."""
         if node not in self._infos:
-            self._infos[node] = _tensor_info(node.meta["val"])
+            self._infos[node] = self._tensor_info(node.meta["val"])
         return self._infos[node]
 
     def _placeholder_strategies(self, shape: tuple[int, ...]) -> tuple[Strategy, ...]:
