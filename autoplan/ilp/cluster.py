@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,19 +59,35 @@ def _array_key(a: np.ndarray) -> bytes:
     return np.round(np.asarray(a, dtype=np.float64), 6).tobytes() + str(a.shape).encode()
 
 
-def edge_key(e: EdgeCost, prices: dict[int, str] | None = None) -> str:
+def _shared_digest(a: np.ndarray, memo: dict[Any, str]) -> str:
+    """The digest of an array, once per array object (twin nodes share their arrays)."""
+    found = memo.get(id(a))
+    if found is None:
+        found = memo[id(a)] = _digest(_array_key(a))
+    return found
+
+
+def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
     """What an edge costs, independent of which nodes it joins.
 
     ``prices`` memoizes the digest of each price matrix by identity: edges of one
     placement pair and shape share one matrix object (the pricer caches it), and on
-    LLaMA3-70B hashing each edge's copy again was most of this stage.
+    LLaMA3-70B hashing each edge's copy again was most of this stage; and the whole
+    key by the identity of its arrays, which twin edges share.
     """
-    price = prices.get(id(e.cost)) if prices is not None else None
-    if price is None:
-        price = _digest(_array_key(e.cost))
-        if prices is not None:
-            prices[id(e.cost)] = price
-    return _digest(str(e.slot), str(e.src_out), price, e.src_group.tobytes(), e.dst_group.tobytes())
+    if prices is None:
+        prices = {}
+    # twin edges share their matrix and group arrays too: one digest for all of them
+    whole = (id(e.cost), id(e.src_group), id(e.dst_group), e.slot, e.src_out)
+    key = prices.get(whole)
+    if key is None:
+        price = prices.get(id(e.cost))
+        if price is None:
+            price = prices[id(e.cost)] = _digest(_array_key(e.cost))
+        key = prices[whole] = _digest(
+            str(e.slot), str(e.src_out), price, e.src_group.tobytes(), e.dst_group.tobytes()
+        )
+    return key
 
 
 def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
@@ -80,14 +97,14 @@ def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
     for e in costs.edges:
         in_edges[e.dst].append(e)
         out_edges[e.src].append(e)
-    prices: dict[int, str] = {}  # valid while costs holds the matrices
+    prices: dict[Any, str] = {}  # valid while costs holds the arrays
     keys = {id(e): edge_key(e, prices) for e in costs.edges}
     label: dict[str, str] = {}
     for v, c in costs.compute.items():
         mem = costs.memory.get(v)
         label[v] = _digest(
-            _array_key(c),
-            _array_key(mem) if mem is not None else b"-",
+            _shared_digest(c, prices),
+            _shared_digest(mem, prices) if mem is not None else b"-",
             ",".join(sorted("i" + keys[id(e)] for e in in_edges[v])),
             ",".join(sorted("o" + keys[id(e)] for e in out_edges[v])),
         )
