@@ -141,12 +141,25 @@ def _frozen_heap() -> Iterator[None]:
     strategies stage to the ILP build, 2 full passes (0.55 s) on LLaMA3-8B 32 layers
     native and 3 (1.40 s) on 70B. ``gc.freeze`` moves them to the permanent
     generation (Python docs, ``gc.freeze``); ``gc.unfreeze`` hands them back.
+
+    The stages also make millions of small objects (placement tuples, strategies,
+    keys) that no cycle holds, and at the default first-generation threshold (700
+    allocations) the collector ran 1 457 young, 132 middle and 10 full passes on 70B
+    native after the trace: 1.26-1.33 s. With a threshold of 10 000 while planning,
+    82, 7 and none: 0.27 s, the same peak RSS (1.33 against 1.34 GB).
     """
+    thresholds = gc.get_threshold()
     gc.freeze()
+    gc.set_threshold(_YOUNG_THRESHOLD, *thresholds[1:])
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+# Allocations between young collections while planning (see _frozen_heap).
+_YOUNG_THRESHOLD = 10_000
 
 
 def _plan_traced(
