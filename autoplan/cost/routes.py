@@ -124,21 +124,18 @@ class Network:
         route there) and tight toward some sink. Every move of a cheapest source-to-sink
         route is both, so every route price stays.
 
-        Tight toward a sink is asked only of the moves tight from a source, on the sinks'
-        columns taken once: LLaMA3-70B native's 156 calls at ILP build, 1.18-1.31 ->
-        0.73-0.76 s, the same moves kept.
+        Tight toward a sink is asked only of the moves tight from a source, and each
+        side's distances are read once with the slack added and an unreachable state as
+        NaN (which no comparison passes): LLaMA3-70B native's 156 calls at ILP build,
+        1.18-1.31 -> 0.52-0.53 s, the same moves kept.
         """
         x, y, w = self.arc_src, self.arc_dst, self.arc_cost
         d = self.dist
-        from_sources = d[sources]
-        to_x, to_y = from_sources[:, x], from_sources[:, y]
-        keep = (np.isfinite(to_x) & (to_x + w <= to_y * (1 + _TIGHT) + _TIGHT)).any(axis=0)
+        start, limit = _reached(d[sources])  # from each source
+        keep = (start[:, x] + w <= limit[:, y]).any(axis=0)
         tried = np.flatnonzero(keep)
-        to_sinks = d[:, sinks]
-        from_x, from_y = to_sinks[x[tried]], to_sinks[y[tried]]
-        keep[tried] = (
-            np.isfinite(from_y) & (w[tried, None] + from_y <= from_x * (1 + _TIGHT) + _TIGHT)
-        ).any(axis=1)
+        start, limit = _reached(d[:, sinks])  # toward each sink
+        keep[tried] = (w[tried, None] + start[y[tried]] <= limit[x[tried]]).any(axis=1)
         if keep.all():
             return self
         return Network(self.states, d, x[keep], y[keep], w[keep])
@@ -151,6 +148,11 @@ class Network:
             self.states, self.dist * factor, self.arc_src, self.arc_dst,
             self.arc_cost * factor,
         )  # fmt: skip
+
+
+def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``dist`` with NaN where no route reaches, and the largest price still tight."""
+    return np.where(np.isfinite(dist), dist, np.nan), dist * (1 + _TIGHT) + _TIGHT
 
 
 @dataclass(frozen=True, eq=False)
