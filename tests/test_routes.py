@@ -52,26 +52,28 @@ def _brute_dist(direct: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_closure_is_the_brute_force_cheapest_route_and_routes_follow_it(seed):
-    """Floyd-Warshall prices equal the cheapest of all simple paths; each route is made of
-    the network's moves, sums to its price and has the fewest moves of any cheapest route
-    over them."""
+    """Floyd-Warshall prices equal the cheapest of all simple paths; each route sums to its
+    price and has the fewest moves of any cheapest route (a direct move that is as cheap as
+    a detour is taken), with or without the direct moves kept; over the needed moves alone
+    (no ``one_move``), the fewest of those."""
     direct = _random_direct(seed, 5)
     dist = closure(direct)
-    brute = _brute_dist(direct)
-    np.testing.assert_array_equal(dist, brute)
-    arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
-    net = Network(tuple(range(5)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
-    moves = {(x, y): direct[x, y] for x, y in zip(arc_src.tolist(), arc_dst.tolist(), strict=True)}
+    np.testing.assert_array_equal(dist, _brute_dist(direct))
+    arcs = route_arcs(direct, dist)
+    arc_src, arc_dst = np.nonzero(arcs)
+    one_move = np.isfinite(direct) & (direct <= dist) & ~np.eye(5, dtype=bool)
+    full = Network(tuple(range(5)), dist, arc_src, arc_dst, direct[arc_src, arc_dst], one_move)
+    lean = Network(tuple(range(5)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
     for a, b in itertools.product(range(5), repeat=2):
         if not math.isfinite(dist[a, b]):
             with pytest.raises(ValueError, match="no route"):
-                net.route(a, b)
+                full.route(a, b)
             continue
-        path = net.route(a, b)
-        assert path[0] == a and path[-1] == b
-        assert sum(moves[x, y] for x, y in itertools.pairwise(path)) == dist[a, b]
-        only = np.where(route_arcs(direct, dist), direct, math.inf)
-        assert len(path) - 1 == _fewest_moves(only, a, b, dist[a, b])
+        for net, moves in ((full, direct), (lean, np.where(arcs, direct, math.inf))):
+            path = net.route(a, b)
+            assert path[0] == a and path[-1] == b
+            assert sum(moves[x, y] for x, y in itertools.pairwise(path)) == dist[a, b]
+            assert len(path) - 1 == _fewest_moves(moves, a, b, dist[a, b])
 
 
 def _fewest_moves(direct: np.ndarray, a: int, b: int, price: float) -> int:

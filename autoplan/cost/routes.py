@@ -53,7 +53,9 @@ class Network:
 
     ``dist[a, b]``: cheapest route price from state a to state b (``inf``: none);
     ``arc_src/arc_dst/arc_cost``: the direct moves cheapest routes are made of,
-    enough to reproduce ``dist`` (each is itself a cheapest route).
+    enough to reproduce ``dist`` (each is itself a cheapest route);
+    ``one_move[a, b]``: whether the direct move a->b is itself a cheapest route (a
+    route then takes it rather than a detour of equal price).
     """
 
     states: tuple[Placements, ...]
@@ -61,6 +63,7 @@ class Network:
     arc_src: np.ndarray
     arc_dst: np.ndarray
     arc_cost: np.ndarray
+    one_move: np.ndarray | None = None
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -70,8 +73,8 @@ class Network:
         return len(self.states)
 
     def route(self, a: int, b: int) -> list[int]:
-        """The states of a cheapest route from a to b with the fewest moves, both ends
-        included.
+        """The states of a cheapest route from a to b with the fewest moves (direct moves
+        included, see ``one_move``), both ends included.
 
         Found when asked (a plan asks for the routes of its chosen moves, a few hundred
         distinct ones), not kept for every pair by the closure: tracking first hops in
@@ -97,9 +100,13 @@ class Network:
         while frontier and b not in came:
             reached = []
             for u in frontier:
-                arcs = order[first[u] : first[u + 1]]
-                v = self.arc_dst[arcs]
-                tight = on[v] & (d[a, u] + self.arc_cost[arcs] + d[v, b] <= slack)
+                if self.one_move is not None:  # every direct move that is a cheapest route
+                    v = np.flatnonzero(self.one_move[u] & on)
+                    price = d[u, v]
+                else:
+                    arcs = order[first[u] : first[u + 1]]
+                    v, price = self.arc_dst[arcs], self.arc_cost[arcs]
+                tight = on[v] & (d[a, u] + price + d[v, b] <= slack)
                 for x in v[tight].tolist():
                     if x not in came:
                         came[x] = u
@@ -138,7 +145,7 @@ class Network:
         keep[tried] = (w[tried, None] + start[y[tried]] <= limit[x[tried]]).any(axis=1)
         if keep.all():
             return self
-        return Network(self.states, d, x[keep], y[keep], w[keep])
+        return Network(self.states, d, x[keep], y[keep], w[keep], self.one_move)
 
     def scaled(self, factor: float) -> Network:
         """The same network with every price multiplied (an edge standing for several)."""
@@ -146,7 +153,7 @@ class Network:
             return self
         return Network(
             self.states, self.dist * factor, self.arc_src, self.arc_dst,
-            self.arc_cost * factor,
+            self.arc_cost * factor, self.one_move,
         )  # fmt: skip
 
 
@@ -395,10 +402,13 @@ _WORKERS = max(1, min(4, os.cpu_count() or 1))
 _THREADED = 344
 
 
-def _close(direct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cheapest prices and the moves routes need (a boolean matrix)."""
+def _close(direct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cheapest prices, the moves routes need and the moves that are cheapest routes
+    (boolean matrices)."""
     dist = closure(direct)
-    return dist, route_arcs(direct, dist)
+    one_move = np.isfinite(direct) & (direct <= dist)
+    np.fill_diagonal(one_move, False)
+    return dist, route_arcs(direct, dist), one_move
 
 
 def _assemble(
@@ -406,6 +416,7 @@ def _assemble(
     direct: np.ndarray,
     dist: np.ndarray,
     arcs: np.ndarray,
+    one_move: np.ndarray,
 ) -> Network:
     a, b = np.nonzero(arcs)
-    return Network(tuple(states), dist, a, b, direct[a, b])
+    return Network(tuple(states), dist, a, b, direct[a, b], one_move)
