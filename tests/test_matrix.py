@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from autoplan.cost.routes import Network, closure, route_arcs
+from autoplan.cost.closure import closure, route_arcs
+from autoplan.cost.routes import Network
 from autoplan.ilp.backends import RunResult, run, write_mps
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, memory_of

@@ -275,3 +275,23 @@ def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
         pairs = zip(src.tolist(), dst.tolist(), at.tolist(), strict=True)
         want = [pricer._move_id(pricer._pair(a, b, shape)) for a, b, _ in pairs]
         assert got.tolist() == want
+
+
+def test_packed_grid_forms_pick_the_move_of_every_pair():
+    """Random placement tuples on 2x2x2 (S, _S, P, R): _grid's packed forms, made for the
+    whole grid at once, pick _pair's move for every pair whose row cannot fuse a
+    reduce-scatter, on two pricers that meet the tuples in different orders."""
+    rng = random.Random(1)
+    one = (
+        Replicate(), Partial(), Partial("avg"), Shard(0), Shard(1), Shard(2),
+        _StridedShard(0, split_factor=2), _StridedShard(1, split_factor=4),
+    )  # fmt: skip
+    tuples = [tuple(rng.choice(one) for _ in range(3)) for _ in range(80)]
+    for order in (tuples, tuples[::-1]):
+        pricer = EdgePricer(RedistributeModel((2, 2, 2), CollectiveModel(Topology())))
+        ids = np.array(pricer.ids(order))
+        rows = ids[[not pricer._reduces[i] for i in ids.tolist()]]
+        got = pricer._grid(rows, ids, (8, 4, 6))
+        assert got.shape == (len(rows), len(ids)) and len(rows) > 40
+        want = [[pricer._move_id(pricer._pair(a, b, (8, 4, 6))) for b in ids] for a in rows]
+        assert got.tolist() == want

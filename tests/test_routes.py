@@ -16,10 +16,11 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.cost import routes as routes_module
+from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.routes import Network, Router, canonical, closure, route_arcs
+from autoplan.cost.routes import Network, Router, canonical
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups
 from autoplan.placements import Placements, fmt, parse
@@ -226,7 +227,7 @@ def test_free_cycle_agrees_with_networkx_on_random_price_matrices():
     """Zero-price moves form a cycle exactly when networkx finds their graph cyclic."""
     import networkx as nx
 
-    from autoplan.cost.routes import _free_cycle
+    from autoplan.cost.closure import _free_cycle
 
     rng = np.random.default_rng(7)
     seen = set()

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.cost.closure import close_network
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.placements import Placements
 from autoplan.strategies.dtensor import Partial, Replicate, Shard
@@ -188,70 +189,6 @@ def canonical(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placement
     return [tuple(p) for p in itertools.product(*per_axis)]
 
 
-def closure(direct: np.ndarray) -> np.ndarray:
-    """Cheapest route prices over the moves ``direct`` (Floyd-Warshall): n numpy passes
-    of one add and one minimum over n x n arrays, in place."""
-    n = len(direct)
-    dist = direct.astype(np.float64, copy=True)
-    np.fill_diagonal(dist, 0.0)
-    via = np.empty_like(dist)
-    for k in range(n):
-        np.add(dist[:, k : k + 1], dist[k : k + 1, :], out=via)
-        np.minimum(dist, via, out=dist)
-    return dist
-
-
-def route_arcs(direct: np.ndarray, dist: np.ndarray) -> np.ndarray:
-    """Which direct moves the cheapest routes need (a boolean matrix).
-
-    A move a->b is left out when some other state k has
-    ``dist[a,k] + dist[k,b] <= direct[a,b]``: a route through k is no dearer.
-    With no cycle of free moves, every cheapest route then survives (take one
-    with the most moves: each of its moves is needed, or a detour would give
-    one with more). A network with a free cycle keeps every move that is
-    itself a cheapest route.
-
-    Only moves that are themselves cheapest routes can stay, so only they are
-    tested, row by row against every k: on a LLaMA3-70B native network of 984
-    states (125 044 such moves of 968 256 pairs) 0.18 s, where testing every pair
-    for each k took 0.9 s; the same answer.
-    """
-    n = len(direct)
-    tight = np.isfinite(direct) & (direct <= dist) & ~np.eye(n, dtype=bool)
-    if _free_cycle(direct):
-        return tight
-    into = np.ascontiguousarray(dist.T)  # into[b, k] = dist[k, b]
-    kept = tight.copy()
-    for a in range(n):
-        bs = np.flatnonzero(tight[a])
-        if not len(bs):
-            continue
-        via = into[bs] + dist[a][None, :]  # via[j, k] = dist[a, k] + dist[k, bs[j]]
-        via[:, a] = np.inf
-        via[np.arange(len(bs)), bs] = np.inf
-        kept[a, bs] = ~(via <= direct[a, bs][:, None]).any(axis=1)
-    return kept
-
-
-def _free_cycle(direct: np.ndarray) -> bool:
-    """Whether zero-price moves (other than staying put) form a cycle.
-
-    Peels the states no free move enters, layer by layer: the free moves are acyclic
-    iff that empties the network. As many numpy passes as the longest free chain has
-    moves (a few), where squaring the reachability matrix took 9 products of 343 x 343
-    matrices per LLaMA3-70B network: 0.67 s of its cost phase under cProfile, though
-    timed without the profiler the phase moved by less than its run-to-run noise.
-    """
-    free = (direct == 0.0) & ~np.eye(len(direct), dtype=bool)
-    alive = np.arange(len(direct))
-    while len(alive):
-        entered = free[np.ix_(alive, alive)].any(axis=0)
-        if entered.all():
-            return True  # every state left has a free move into it: a cycle
-        alive = alive[entered]
-    return False
-
-
 class Router:
     """Prices edges by routes on one mesh; caches networks and edges for one planning run."""
 
@@ -355,10 +292,10 @@ class Router:
             for key, (states, canon_ids, extra_ids) in todo.items():
                 direct = self._direct(canon_ids, extra_ids, key[1], key[2])
                 if len(direct) < _THREADED:  # cheaper to close here than to hand over
-                    self._nets[key] = _assemble(states, direct, *_close(direct))
+                    self._nets[key] = _assemble(states, direct, *close_network(direct))
                     continue
                 pool = pool or ThreadPoolExecutor(_WORKERS)
-                running.append((key, states, direct, pool.submit(_close, direct)))
+                running.append((key, states, direct, pool.submit(close_network, direct)))
                 while len(running) > _WORKERS:  # at most one priced network waiting
                     finish()
             while running:
@@ -400,15 +337,6 @@ _WORKERS = max(1, min(4, os.cpu_count() or 1))
 # states, 22 of 256-343), cost phase in one run each: 11.8 s at 512, 9.6 s at 344, 9.0 and
 # 10.0 s at 256.
 _THREADED = 344
-
-
-def _close(direct: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cheapest prices, the moves routes need and the moves that are cheapest routes
-    (boolean matrices)."""
-    dist = closure(direct)
-    one_move = np.isfinite(direct) & (direct <= dist)
-    np.fill_diagonal(one_move, False)
-    return dist, route_arcs(direct, dist), one_move
 
 
 def _assemble(
