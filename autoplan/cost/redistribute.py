@@ -264,7 +264,7 @@ def _fuse(
         even = kind != "reduce_scatter" or (
             shape[b[0]] % math.prod(mesh_shape[x] for x in axes) == 0
         )
-        if len(run) > 1 and axes == order and contiguous and even:
+        if axes == order and contiguous and even:
             out.append((kind, tuple(sorted(axes)), b))
         else:
             out.extend((_step(x, y) or "", (ax,), y) for ax, x, y in run)

@@ -95,20 +95,15 @@ class Network:
             raise ValueError(f"no route from state {a} to state {b}")
         slack = d[a, b] * (1 + _TIGHT) + _TIGHT
         on = d[a] + d[:, b] <= slack  # states some cheapest route passes
-        first, order = self._out_arcs
+        moves = self._moves
         came = {a: a}
         frontier = [a]
         while frontier and b not in came:
             reached = []
             for u in frontier:
-                if self.one_move is not None:  # every direct move that is a cheapest route
-                    v = np.flatnonzero(self.one_move[u] & on)
-                    price = d[u, v]
-                else:
-                    arcs = order[first[u] : first[u + 1]]
-                    v, price = self.arc_dst[arcs], self.arc_cost[arcs]
-                tight = on[v] & (d[a, u] + price + d[v, b] <= slack)
-                for x in v[tight].tolist():
+                v = np.flatnonzero(moves[u] & on)
+                # each move is itself a cheapest route: its price is its dist
+                for x in v[d[a, u] + d[u, v] + d[v, b] <= slack].tolist():
                     if x not in came:
                         came[x] = u
                         reached.append(x)
@@ -121,10 +116,14 @@ class Network:
         return tuple(reversed(path))
 
     @cached_property
-    def _out_arcs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Arc positions grouped by source state: those of u are ``order[first[u]:first[u+1]]``."""
-        order = np.argsort(self.arc_src, kind="stable")
-        return np.searchsorted(self.arc_src[order], np.arange(self.size + 1)), order
+    def _moves(self) -> np.ndarray:
+        """The direct moves a route may take: ``one_move``, or the needed moves when the
+        network was made without it."""
+        if self.one_move is not None:
+            return self.one_move
+        moves = np.zeros((self.size, self.size), dtype=bool)
+        moves[self.arc_src, self.arc_dst] = True
+        return moves
 
     def between(self, sources: np.ndarray, sinks: np.ndarray) -> Network:
         """The network with only the moves some cheapest route from ``sources`` to ``sinks``

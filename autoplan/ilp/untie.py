@@ -76,9 +76,9 @@ _MIN_S = 10.0
 # or as long as the tied relaxation took when that is longer; cut, the plan is returned
 # with status time_limit and its gap to the tied bound. It is worth little (it can only
 # find a tied plan cheaper by at most that gap) and its time grows with the gap: on
-# LLaMA3-70B native, untied plan 0.074 % above the tied bound, 3.9-4.4 s (71 s before CBC
-# ran such proofs without preprocessing and cuts, see autoplan.ilp.backends), against
-# 1.8 s at 0.028 %. 10 s leaves that proof room on a slower machine.
+# LLaMA3-70B native, untied plan 0.074 % above the tied bound, 1.9 s (71 s before CBC ran
+# such proofs without preprocessing, cuts and presolve, see autoplan.ilp.backends), and
+# 1.5-1.9 s at 0.031 %. 10 s leaves that proof room on a slower machine.
 _PROOF_MIN_S = 10.0
 
 

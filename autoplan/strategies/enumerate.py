@@ -114,12 +114,6 @@ def _strided_after_shard(placements: Placements) -> bool:
     return False
 
 
-def _tensor_info(val: Any) -> TensorInfo | None:
-    if not isinstance(val, torch.Tensor):
-        return None
-    return TensorInfo(tuple(int(s) for s in val.shape), val.element_size(), str(val.dtype))
-
-
 def _keep_placement(p: Placement | None) -> bool:
     return not isinstance(p, Partial) or p.reduce_op == "sum"
 
@@ -233,10 +227,10 @@ class _Enumerator:
         """The metadata of a traced value, one object per distinct shape and dtype."""
         if not isinstance(val, torch.Tensor):
             return None
-        key = (tuple(val.shape), val.dtype)
+        key = (tuple(int(n) for n in val.shape), val.dtype)
         info = self._tensor_infos.get(key)
         if info is None:
-            info = self._tensor_infos[key] = _tensor_info(val)
+            info = self._tensor_infos[key] = TensorInfo(key[0], val.element_size(), str(val.dtype))
         return info
 
     def _info(self, node: fx.Node) -> TensorInfo | None:
