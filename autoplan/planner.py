@@ -20,9 +20,7 @@ from torch import nn
 
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins, untie
-from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, price
-from autoplan.cost.redistribute import RedistributeModel
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
@@ -30,14 +28,14 @@ from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.untie import solve_untying
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
+from autoplan.readout import read_solution
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import DeviceMesh
-from autoplan.strategies.enumerate import enumerate_strategies, has_strided
+from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import LossFn, TracedGraph, trace_joint
 
 Progress = Callable[[str], None]
-MM_LIKE = ("aten.einsum", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_mm")
 PlacementSpec = Sequence[Any] | str
 
 
@@ -295,7 +293,7 @@ def _plan_traced(
             + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
         )
     choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
-    return _read_solution(traced, table, costs, config, choice, solution.status, base)
+    return read_solution(traced, table, costs, config, choice, solution.status, base)
 
 
 def _infeasible(message: str, base: dict[str, Any]) -> Plan:
@@ -330,78 +328,3 @@ def _plan_fields(
         "input_shapes": tuple(tuple(traced.node(n).meta["val"].shape) for n in traced.inputs),
         "fallback_ops": table.fallback_ops,
     }
-
-
-def _stats(table: StrategyTable, choice: dict[str, int]) -> dict[str, float]:
-    """Strategies per mm-like node and how many chosen strategies use _StridedShard."""
-    mm_like = [
-        len(ns.strategies) for ns in table.nodes.values() if ns.op.rsplit(".", 1)[0] in MM_LIKE
-    ]
-    strided = sum(1 for v, i in choice.items() if has_strided(table.nodes[v].strategies[i]))
-    return {
-        "mm_nodes": float(len(mm_like)),
-        "mm_strategies_mean": float(np.mean(mm_like)) if mm_like else 0.0,
-        "mm_strategies_max": float(max(mm_like)) if mm_like else 0.0,
-        "strided_shard_chosen": float(strided),
-        "strategies_total": float(table.num_strategies),
-    }
-
-
-def _read_solution(
-    traced: TracedGraph,
-    table: StrategyTable,
-    costs: CostTable,
-    config: PlanConfig,
-    choice: dict[str, int],
-    status: str,
-    base: dict[str, Any],
-) -> Plan:
-    compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
-    redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
-    comm_us = 0.0
-    comm: dict[str, dict[str, float]] = {}
-    routes: dict[str, list[str]] = {}
-    for e in costs.edges:
-        r = e.src_group[choice[e.src]]
-        c = e.dst_group[choice[e.dst]]
-        us = float(e.cost[r, c])
-        comm_us += us
-        if us == 0.0 or e.tensor is None:
-            continue
-        path = e.route(r, c)
-        if len(path) > 2:
-            routes[f"{e.dst}:{e.slot}"] = [fmt(p) for p in path[1:-1]]
-        for kind, _axes, nbytes, t in e.route_steps(redist, r, c):
-            entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
-            entry["count"] += 1
-            entry["bytes"] += nbytes
-            entry["us"] += t
-    node_placements: dict[str, dict[str, Any]] = {}
-    for v, i in choice.items():
-        ns = table.nodes[v]
-        s = ns.strategies[i]
-        node_placements[v] = {
-            "op": ns.op,
-            "out": [fmt(p) for p in s.outs],
-            "in": [fmt(p) for p in s.ins],
-        }
-    params = {
-        fqn: table.nodes[pname].strategies[choice[pname]].outs[0]
-        for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
-    }
-    memory = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
-    base = base | {
-        "param_placements": params,
-        "node_placements": node_placements,
-        "stats": _stats(table, choice),
-        "routes": routes,
-    }
-    return Plan(
-        status=status,
-        objective_us=compute_us + comm_us,
-        compute_us=compute_us,
-        comm_us=comm_us,
-        comm=comm,
-        memory_bytes=memory,
-        **base,
-    )

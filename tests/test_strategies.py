@@ -10,7 +10,8 @@ import autoplan
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.placements import fmt
 from autoplan.rewrite import rewrite
-from autoplan.strategies.enumerate import enumerate_strategies, has_strided
+from autoplan.strategies.enumerate import enumerate_strategies
+from autoplan.strategies.ops import has_strided
 from autoplan.trace import trace_joint
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import fx
 
 from autoplan.graph import map_args, static_args, tensor_args
-from autoplan.placements import Placements, even_placements, is_even, is_strided, sharded_dim
+from autoplan.placements import Placements, even_placements, is_even, is_strided
 from autoplan.strategies.dtensor import (
     DeviceMesh,
     Partial,
@@ -48,6 +48,7 @@ from autoplan.strategies.dtensor import (
     tensor_meta,
 )
 from autoplan.strategies.full_mesh import full_mesh_strategies
+from autoplan.strategies.ops import FREE_OPS, MM_FAMILY, has_strided, strided_after_shard
 from autoplan.strategies.table import (
     InputRef,
     NodeStrategies,
@@ -58,60 +59,6 @@ from autoplan.strategies.table import (
 from autoplan.trace import TracedGraph
 
 aten = torch.ops.aten
-
-FREE_OPS = frozenset(
-    {
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.t.default,
-        aten.transpose.int,
-        aten.permute.default,
-        aten.expand.default,
-        aten.unsqueeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-        aten.alias.default,
-        aten.detach.default,
-        aten.slice.Tensor,
-        aten.select.int,
-        aten.split.Tensor,
-        aten.unbind.int,
-    }
-)
-
-
-MM_FAMILY = frozenset(
-    {
-        aten.mm.default,
-        aten.addmm.default,
-        aten.bmm.default,
-        aten.baddbmm.default,
-        aten._scaled_mm.default,
-    }
-)
-
-
-def has_strided(s: Strategy) -> bool:
-    return any(is_strided(p) for ps in (*s.outs, *s.ins) if ps is not None for p in ps)
-
-
-def _strided_after_shard(placements: Placements) -> bool:
-    """A dim sharded on one axis and strided-sharded on a later one.
-
-    torch 2.13's view rules mis-propagate this layout (the values they claim
-    for the output are not the ones the shards hold: see
-    tests/test_strategy_execution.py), so views do not accept it.
-    """
-    seen: set[int] = set()
-    for p in placements:
-        d = sharded_dim(p)
-        if d is None:
-            continue
-        if is_strided(p) and d in seen:
-            return True
-        seen.add(d)
-    return False
 
 
 def _keep_placement(p: Placement | None) -> bool:
@@ -259,7 +206,7 @@ class _Enumerator:
         if not self._strided_ok(node):
             strategies = [s for s in strategies if not has_strided(s)]
         elif node.target in FREE_OPS:
-            strategies = [s for s in strategies if not any(map(_strided_after_shard, s.ins))]
+            strategies = [s for s in strategies if not any(map(strided_after_shard, s.ins))]
         if not strategies:
             strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True
