@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import autoplan
@@ -13,16 +14,22 @@ from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
 
 
-def test_cached_strategies_and_prices_equal_uncached():
+@pytest.mark.parametrize(
+    "mm_mode,mesh_shape",
+    [
+        ("einsum", (2, 2)),
+        ("native", (2, 2)),
+        pytest.param("native", (2, 2, 2), marks=pytest.mark.slow),  # 26 s: 4 s cached
+    ],
+)
+def test_cached_strategies_and_prices_equal_uncached(mm_mode, mesh_shape):
     """On a 3-layer tiny LLaMA, cached and uncached stages give identical strategies and costs."""
     with torch.device("meta"):
         model = Transformer(tiny(3))
-    traced, _ = rewrite(
-        trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode="einsum"
-    )
-    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
-    fast = enumerate_strategies(traced, mesh, cache=True)
-    slow = enumerate_strategies(traced, mesh, cache=False)
+    traced, _ = rewrite(trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode=mm_mode)
+    mesh = autoplan.fake_mesh(mesh_shape, ("dp", "tp", "cp")[: len(mesh_shape)])
+    fast = enumerate_strategies(traced, mesh, mm_mode=mm_mode, cache=True)
+    slow = enumerate_strategies(traced, mesh, mm_mode=mm_mode, cache=False)
     assert list(fast.nodes) == list(slow.nodes)
     for name in fast.nodes:
         # repr, not ==: a masked partial's equality includes its per-run mask buffer

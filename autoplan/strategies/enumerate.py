@@ -84,6 +84,12 @@ class _Enumerator:
         self._interned: dict[tuple[Placements, ...], int] = {}
         self.masked: dict[tuple[Any, ...], Placement] = {}
         self.cache: dict[tuple[Any, ...], tuple[tuple[Strategy, ...], bool]] = {}
+        # per signature (op, non-tensor arguments, tensor infos): its single-dim rules,
+        # their checked expansion per set of split factors seen, and a full-mesh
+        # function's checked answer per input candidate
+        self._rules: dict[tuple[Any, ...], list[list[Any]] | None] = {}
+        self._by_rules: dict[tuple[Any, ...], list[Strategy]] = {}
+        self._by_candidate: dict[tuple[Any, ...], dict[Placements, list[Strategy]]] = {}
         self.fallback: dict[str, None] = {}
         self._infos: dict[fx.Node, TensorInfo | None] = {}  # first output's, per node
         self._tensor_infos: dict[tuple[Any, ...], TensorInfo | None] = {}
@@ -142,16 +148,11 @@ class _Enumerator:
         # Identical layers ask identical questions: answer each once per run. Tensor infos
         # are interned (_tensor_info), so they enter the key by identity, not by a hash
         # computed in Python for every node.
-        key = (
-            node.target,
-            static_args(node),
-            tuple(map(id, in_infos)),
-            tuple(map(id, out_infos)),
-            tuple(self._candidate_entry(a)[0] for a in in_nodes),
-        )
+        sig = (node.target, static_args(node), tuple(map(id, in_infos)), tuple(map(id, out_infos)))
+        key = (sig, tuple(self._candidate_entry(a)[0] for a in in_nodes))
         cached = self.cache.get(key) if self.use_cache else None
         if cached is None:
-            found, flag = self._strategies_uncached(node, in_nodes, in_infos, out_infos)
+            found, flag = self._strategies_uncached(node, sig, in_nodes, in_infos, out_infos)
             # one shared tuple per answer: later stages key their caches on it
             cached = self.cache[key] = (tuple(dict.fromkeys(found)), flag)
         strategies, fallback = cached
@@ -197,20 +198,72 @@ class _Enumerator:
     def _strategies_uncached(
         self,
         node: fx.Node,
+        sig: tuple[Any, ...],
         in_nodes: list[fx.Node],
         in_infos: tuple[TensorInfo | None, ...],
         out_infos: tuple[TensorInfo | None, ...],
     ) -> tuple[list[Strategy], bool]:
-        strategies, fallback = self._op_strategies(node, in_nodes, out_infos)
-        strategies = self._valid(strategies, in_infos, out_infos)
-        if not self._strided_ok(node):
-            strategies = [s for s in strategies if not has_strided(s)]
-        elif node.target in FREE_OPS:
-            strategies = [s for s in strategies if not any(map(strided_after_shard, s.ins))]
+        """A node's strategies from its signature ``sig`` (op, non-tensor arguments, tensor
+        infos) and its inputs' candidates, which matter only as far as the rules read them:
+        through the split factors seen (single-dim rules) or one candidate at a time (a
+        full-mesh function of one input). Nodes whose candidates differ otherwise share
+        the work (LLaMA3-70B native: the mm family's 22 asks came from 8 distinct ones)."""
+        memo = self.use_cache
+        rules = self._rules.get(sig, _UNKNOWN) if memo else _UNKNOWN
+        if rules is _UNKNOWN:
+            rules = self._rules_of(node)
+            if memo:
+                self._rules[sig] = rules
+        if rules is not None:
+            seen = self._split_seen(in_nodes) if self._strided_ok(node) else frozenset()
+            found = self._by_rules.get((sig, seen)) if memo else None
+            if found is None:
+                width = len(out_infos) + len(in_nodes)
+                found = self._checked(
+                    node, self._expand(rules, seen, len(out_infos), width), in_infos, out_infos
+                )
+                if memo:
+                    self._by_rules[sig, seen] = found
+            strategies, fallback = found, False
+        elif has_op_strategy(node.target):
+            memos = self._by_candidate.setdefault(sig, {}) if memo else None
+
+            def check(found: list[Strategy]) -> list[Strategy]:
+                return self._checked(node, found, in_infos, out_infos)
+
+            strategies = full_mesh_strategies(
+                node, self.mesh, self._candidates, len(out_infos), check, memos
+            )
+            fallback = False
+        else:
+            strategies, fallback = [], True
         if not strategies:
             strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True
         return strategies, fallback
+
+    def _rules_of(self, node: fx.Node) -> list[list[Any]] | None:
+        """The single-dim rules of ``node``'s op (einsum's from its equation), or None."""
+        if node.target is aten.einsum.default:
+            return einsum_rules(node.args[0])
+        args_meta = map_args(node.args, lambda n: tensor_meta(n.meta["val"]))
+        kwargs_meta = map_args(node.kwargs, lambda n: tensor_meta(n.meta["val"]))
+        return single_dim_rules(node.target, args_meta, kwargs_meta)
+
+    def _checked(
+        self,
+        node: fx.Node,
+        strategies: Iterable[Strategy],
+        in_infos: Sequence[TensorInfo | None],
+        out_infos: Sequence[TensorInfo | None],
+    ) -> list[Strategy]:
+        """The even strategies, with _StridedShard only where the op may take it."""
+        kept = self._valid(strategies, in_infos, out_infos)
+        if not self._strided_ok(node):
+            return [s for s in kept if not has_strided(s)]
+        if node.target in FREE_OPS:
+            return [s for s in kept if not any(map(strided_after_shard, s.ins))]
+        return kept
 
     def _getitem(self, node: fx.Node) -> NodeStrategies:
         parent, index = node.args
@@ -253,38 +306,24 @@ class _Enumerator:
             self.candidates[arg.name] = found
         return found
 
-    def _op_strategies(
-        self, node: fx.Node, in_nodes: list[fx.Node], out_infos: tuple[TensorInfo | None, ...]
-    ) -> tuple[list[Strategy], bool]:
-        op = node.target
-        if op is aten.einsum.default:
-            rules = einsum_rules(node.args[0])
-            return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
-        args_meta = map_args(node.args, lambda n: tensor_meta(n.meta["val"]))
-        kwargs_meta = map_args(node.kwargs, lambda n: tensor_meta(n.meta["val"]))
-        rules = single_dim_rules(op, args_meta, kwargs_meta)
-        if rules is not None:
-            return self._expand(rules, in_nodes, len(out_infos), self._strided_ok(node)), False
-        if has_op_strategy(op):
-            return full_mesh_strategies(node, self.mesh, self._candidates, len(out_infos)), False
-        return [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)], True
-
     def _strided_ok(self, node: fx.Node) -> bool:
         """_StridedShard only in native mode, on the views that make it and the mm family."""
         return self.strided and (node.target in FREE_OPS or node.target in MM_FAMILY)
 
-    def _expand(
-        self, rules: list[list[Any]], in_nodes: list[fx.Node], num_outs: int, strided: bool
-    ) -> list[Strategy]:
+    def _split_seen(self, in_nodes: list[fx.Node]) -> frozenset[Placement]:
         # Split factors seen on the inputs, 1 left out: _S(d,1) is S(d), which every
         # placeholder is filled with anyway (autoplan.placements.plain). On LLaMA3-70B's
         # 8x8x8 mesh it would add a third of an mm's strategies, each a second spelling.
         seen: set[Placement] = set()
-        for a in in_nodes if strided else ():
+        for a in in_nodes:
             for cand in self._candidates(a):
                 seen.update(p for p in cand if is_strided(p) and p.split_factor != 1)
-        filled = [r for r in fill_placeholders(rules, seen) if all(map(_keep_placement, r))]
-        width = num_outs + len(in_nodes)
+        return frozenset(seen)
+
+    def _expand(
+        self, rules: list[list[Any]], seen: frozenset[Placement], num_outs: int, width: int
+    ) -> list[Strategy]:
+        filled = [r for r in fill_placeholders(rules, set(seen)) if all(map(_keep_placement, r))]
         filled = [r for r in filled if len(r) == width]
         out = []
         for combo in itertools.product(filled, repeat=len(self.mesh_shape)):
@@ -331,6 +370,9 @@ class _Enumerator:
             )
 
         return Strategy(outs=tuple(map(canon, s.outs)), ins=tuple(map(canon, s.ins)))
+
+
+_UNKNOWN: Any = object()  # a signature whose rules were not looked up yet
 
 
 def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> Strategy:

@@ -32,29 +32,75 @@ from autoplan.strategies.dtensor import (
 from autoplan.strategies.table import Strategy
 
 Candidates = Callable[[fx.Node], list[Placements]]
+Check = Callable[[list[Strategy]], list[Strategy]]
 _EVERY_INPUT = "*"
 
 
 def full_mesh_strategies(
-    node: fx.Node, mesh: DeviceMesh, candidates: Candidates, num_outs: int
+    node: fx.Node,
+    mesh: DeviceMesh,
+    candidates: Candidates,
+    num_outs: int,
+    check: Check,
+    memo: dict[Placements, list[Strategy]] | None = None,
 ) -> list[Strategy]:
-    """DTensor's strategies for ``node`` given every candidate placement of its inputs."""
+    """DTensor's strategies for ``node`` given every candidate placement of its inputs,
+    each list passed through ``check`` (which drops the ones the caller cannot use).
+
+    ``memo``, for a node of one tensor input, holds the checked answer per candidate of
+    nodes of the same signature: only the candidates it lacks are asked about.
+    """
     listed = bool(node.args) and isinstance(node.args[0], (list, tuple))
+    ins = tensor_args(node)
+    if memo is not None and not listed and len(ins) == 1:
+        return _by_candidate(node, mesh, candidates(ins[0]), num_outs, check, memo)
     if not listed:
         try:
-            return _ask(node, mesh, candidates, num_outs, None)
+            return check(_ask(node, mesh, candidates, num_outs, None))
         except Exception:
             pass
     # cat/stack: every listed tensor pinned to one candidate; otherwise the first input.
-    first = tensor_args(node)[0]
-    target = _EVERY_INPUT if listed else first.name
+    target = _EVERY_INPUT if listed else ins[0].name
     out: list[Strategy] = []
-    for cand in candidates(first):
+    for cand in candidates(ins[0]):
         try:
             out.extend(_ask(node, mesh, candidates, num_outs, (target, cand)))
         except Exception:
             continue
-    return out
+    return check(out)
+
+
+def _by_candidate(
+    node: fx.Node,
+    mesh: DeviceMesh,
+    cands: list[Placements],
+    num_outs: int,
+    check: Check,
+    memo: dict[Placements, list[Strategy]],
+) -> list[Strategy]:
+    """The strategies of a one-input node, candidate by candidate through ``memo``.
+
+    DTensor's full-mesh functions answer each input strategy on its own, one output
+    strategy each: the new candidates are asked about together and the answers read
+    in order, or one at a time when the function refuses one of them (a view cannot
+    unflatten some ``_StridedShard``) or answers with another count.
+    """
+    new = [c for c in cands if c not in memo]
+    if new:
+        try:
+            found: list[Strategy] | None = _ask(node, mesh, lambda _: new, num_outs, None)
+        except Exception:
+            found = None
+        if found is not None and len(found) == len(new):
+            for cand, s in zip(new, found, strict=True):
+                memo[cand] = check([s])
+        else:
+            for cand in new:
+                try:
+                    memo[cand] = check(_ask(node, mesh, lambda _, c=cand: [c], num_outs, None))
+                except Exception:
+                    memo[cand] = []
+    return [s for cand in cands for s in memo[cand]]
 
 
 def _ask(
