@@ -228,5 +228,35 @@ def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
     beats = le & (~ge | (idx[:, None] < idx[None, :]))
     np.fill_diagonal(beats, False)
     expected = beats.any(axis=0)
-    np.testing.assert_array_equal(_dominated(f, probe=8, chunk=16), expected)
+    np.testing.assert_array_equal(_dominated(f, probe=8, grid=3, chunk=16), expected)
     assert expected.any()
+
+
+def _every_pair_dominated(f: np.ndarray) -> np.ndarray:
+    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
+    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
+    idx = np.arange(len(f))
+    beats = le & (~ge | (idx[:, None] < idx[None, :]))
+    np.fill_diagonal(beats, False)
+    return beats.any(axis=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
+    """Columns of more distinct prices than the probe's ranks hold, and rows equal in value
+    but not in bytes (0.0 and -0.0): the same rows go as by the full comparison."""
+    from autoplan.ilp.prune import _dominated
+
+    rng = np.random.default_rng(seed)
+    f = rng.integers(0, 5000, (600, 40)).astype(np.float64)  # ~560 distinct per column
+    f[100:150] = f[:50] + rng.integers(0, 3, (50, 40))  # beaten by rows 0-49, or equal
+    f[0, 0] = 0.0
+    f[200] = f[0]
+    f[200, 0] = -0.0  # equal to row 0 in value only: the earlier stays
+    f[201, :5] = 0.0
+    f[202] = f[201]
+    f[202, :5] = -0.0
+    expected = _every_pair_dominated(f)
+    assert expected[100:150].sum() >= 45 and expected[200] and expected[202]
+    assert not expected[0] and not expected[201]
+    np.testing.assert_array_equal(_dominated(f, probe=16, grid=4, chunk=64), expected)

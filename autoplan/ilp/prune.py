@@ -52,7 +52,7 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
     return np.hstack(cols)
 
 
-def _dominated(f: np.ndarray, probe: int = 32, chunk: int = 512) -> np.ndarray:
+def _dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays).
 
     A repeated row goes at once, and only the distinct rows are compared: on LLaMA3-70B
@@ -63,34 +63,50 @@ def _dominated(f: np.ndarray, probe: int = 32, chunk: int = 512) -> np.ndarray:
     for i, row in enumerate(f):
         first.setdefault(row.tobytes(), i)
     if len(first) == len(f):
-        return _distinct_dominated(f, probe, chunk)
+        return _distinct_dominated(f, probe=probe, grid=grid, chunk=chunk)
     keep = np.fromiter(first.values(), dtype=np.int64, count=len(first))
     out = np.ones(len(f), dtype=bool)  # a later copy of a row loses to the first
-    out[keep] = _distinct_dominated(f[keep], probe, chunk)
+    out[keep] = _distinct_dominated(f[keep], probe=probe, grid=grid, chunk=chunk)
     return out
 
 
-def _distinct_dominated(f: np.ndarray, probe: int = 32, chunk: int = 512) -> np.ndarray:
+def _distinct_dominated(
+    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512
+) -> np.ndarray:
     """:func:`_dominated` by comparing rows pairwise.
 
-    Two passes: the pairs (i, k) with row i <= row k on ``probe`` spread-out columns
-    are the only ones that can pass on all, and there are few; only they are compared
-    on every column. The same answer as comparing every pair on every column, for a
-    fraction of the work on rows thousands of prices long.
+    Only pairs (i, k) with row i <= row k on ``probe`` spread-out columns can pass on
+    all, and there are few; only they are compared on every column. The probe compares
+    small ints, each column's values replaced by their rank among its distinct values
+    (a price matrix holds a few dozen per column), one column at a time over the whole
+    n x n grid for the first ``grid`` columns and over the pairs left after. The same
+    answer as comparing every pair on every column; on LLaMA3-70B native's 163 classes
+    (one thread) 1.83 -> 0.79 s against one n x n x probe comparison of the prices.
     """
     n, width = f.shape
     cols = np.unique(np.linspace(0, width - 1, min(probe, width)).astype(np.int64))
-    sub = f[:, cols]
-    maybe = (sub[:, None, :] <= sub[None, :, :]).all(axis=2)
+    rank = np.empty((len(cols), n), dtype=np.uint8)
+    for q, c in enumerate(cols):
+        _, where = np.unique(f[:, c], return_inverse=True)
+        # ranks past 255 merge: the probe then passes more pairs, never fewer
+        rank[q] = np.minimum(where.ravel(), 255)
+    maybe = np.ones((n, n), dtype=bool)
+    le = np.empty((n, n), dtype=bool)
+    for q in range(min(grid, len(cols))):
+        np.less_equal(rank[q][:, None], rank[q][None, :], out=le)
+        maybe &= le
     np.fill_diagonal(maybe, False)
     i, k = np.nonzero(maybe)
+    for q in range(grid, len(cols)):
+        ok = rank[q][i] <= rank[q][k]
+        i, k = i[ok], k[ok]
     out = np.zeros(n, dtype=bool)
     for start in range(0, len(i), chunk):
         a, b = i[start : start + chunk], k[start : start + chunk]
-        le = (f[a] <= f[b]).all(axis=1)
-        ge = (f[a] >= f[b]).all(axis=1)
-        beats = le & (~ge | (a < b))  # better, or equal and earlier
-        out[b[beats]] = True
+        below = (f[a] <= f[b]).all(axis=1)
+        a, b = a[below], b[below]
+        same = (f[a] >= f[b]).all(axis=1)
+        out[b[~same | (a < b)]] = True  # better, or equal and earlier
     return out
 
 
