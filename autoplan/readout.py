@@ -23,11 +23,11 @@ from autoplan.cost.price import CostTable
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.placements import fmt
 from autoplan.plan import Plan
-from autoplan.strategies.ops import has_strided
+from autoplan.strategies.ops import MM_FAMILY, has_strided
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-MM_LIKE = ("aten.einsum", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_mm")
+MM_LIKE = frozenset({"aten.einsum"} | {str(op).rsplit(".", 1)[0] for op in MM_FAMILY})
 
 
 def _stats(table: StrategyTable, choice: dict[str, int]) -> dict[str, float]:

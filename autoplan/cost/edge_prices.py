@@ -90,6 +90,7 @@ class EdgePricer:
         self._forms: list[int] = []  # per placement tuple: the form of its own codes
         self._form_ids: dict[tuple[tuple[int, int], ...], int] = {}
         self._grid_walks: dict[int, int] = {}  # a pair's packed form (see _grid) -> move id
+        self._arrays: tuple[np.ndarray, ...] = ()  # see _tables
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
 
@@ -176,7 +177,7 @@ class EdgePricer:
     ) -> _Layout:
         r_ids, c_ids = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
         which = np.empty((len(rows), len(cols)), dtype=np.intp)
-        fused = np.array([self._reduces[r] for r in rows], dtype=bool)
+        fused = self._tables()[3][r_ids]
         plain = np.flatnonzero(~fused)
         if len(plain):
             which[plain] = self._grid(r_ids[plain], c_ids, shape)
@@ -216,9 +217,8 @@ class EdgePricer:
         n = len(self.redist.mesh_shape)
         if len(self._form_ids) >= 1 << 20 or 2 * n * n + 40 > 63:  # does not pack: by pair
             return self._pairs(rows, cols, -1, shape)
-        axes, kinds = np.array(self._axes), np.array(self._kinds)
+        axes, kinds, forms, _ = self._tables()
         ra, rk, ca, ck = axes[rows].T, kinds[rows].T, axes[cols].T, kinds[cols].T
-        forms = np.array(self._forms, dtype=np.int64)
         key = (forms[rows][:, None] << 20 | forms[cols][None, :]) << (2 * n * n)
         shift = 0
         for i, j in itertools.product(range(n), repeat=2):
@@ -248,7 +248,7 @@ class EdgePricer:
         A key packs (row id, column id, divisibility + 1) in 23, 24 and 16 bits: a run
         has a few thousand placement tuples and a handful of divisibilities.
         """
-        d = np.where(np.array([self._reduces[r] for r in rows.tolist()], dtype=bool), div, -1)
+        d = np.where(self._tables()[3][rows], div, -1)
         keys = (rows[:, None] << 40) + (cols[None, :] << 16) + (d[:, None] + 1)
         flat = keys.ravel().tolist()
         which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
@@ -270,7 +270,7 @@ class EdgePricer:
         """
         if not len(src):
             return np.zeros(0, dtype=np.intp)
-        axes, kinds = np.array(self._axes), np.array(self._kinds)
+        axes, kinds, _, _ = self._tables()
         ax = np.concatenate([axes[src], axes[dst]], axis=1)
         kind = np.concatenate([kinds[src], kinds[dst]], axis=1)
         dim = np.where(kind >= 0, _first_seen(kind, kind >= 0), kind)
@@ -295,6 +295,19 @@ class EdgePricer:
                 m = self._walks[key] = self._move_id(self._pair(int(src[i]), int(dst[i]), shape))
             ids[u] = m
         return ids[inverse.ravel()]
+
+    def _tables(self) -> tuple[np.ndarray, ...]:
+        """The per-placement-id lists (axis ids, kinds, forms, may-fuse) as arrays, made
+        again only when :meth:`ids` has added placements since (a run's ids come before
+        its layouts, which read these some 200 times on LLaMA3-70B native)."""
+        if not self._arrays or len(self._arrays[0]) != len(self._axes):
+            self._arrays = (
+                np.array(self._axes, dtype=np.int64),
+                np.array(self._kinds, dtype=np.int64),
+                np.array(self._forms, dtype=np.int64),
+                np.array(self._reduces, dtype=bool),
+            )
+        return self._arrays
 
     def _move_id(self, terms: tuple[int, ...] | None) -> int:
         """A small int per distinct move (its terms, or None when impossible)."""

@@ -81,9 +81,7 @@ def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
     whole = (id(e.cost), id(e.src_group), id(e.dst_group), e.slot, e.src_out)
     key = prices.get(whole)
     if key is None:
-        price = prices.get(id(e.cost))
-        if price is None:
-            price = prices[id(e.cost)] = _digest(_array_key(e.cost))
+        price = _shared_digest(e.cost, prices)
         key = prices[whole] = _digest(
             str(e.slot), str(e.src_out), price, e.src_group.tobytes(), e.dst_group.tobytes()
         )
