@@ -4,7 +4,8 @@
 Input: the mesh (a process group of :func:`autoplan.fake_mesh`, inside ``LocalTensorMode``
 with :func:`autoplan.execute.flatten_mesh_groups` done), a :class:`RedistributeModel`,
 source and target placements and a small shape. Output: the collectives that ran, the
-ones priced, the tensor the move gave and the one it started from.
+ones priced, the tensor the move gave and the one it started from; :func:`right_values`
+says whether the move gave the shards ``distribute_tensor`` makes of that tensor.
 """
 
 from __future__ import annotations
@@ -40,7 +41,21 @@ def run_move(
     priced = None if steps is None else dict(Counter(kind for kind, *_ in steps))
     x = torch.arange(float(math.prod(shape))).reshape(shape)
     cleared = [Replicate() if isinstance(p, Partial) else p for p in src]
-    start = redistribute(distribute_tensor(x, mesh, cleared), mesh, src)
+    start = redistribute(distribute_tensor(x, mesh, cleared, src_data_rank=None), mesh, src)
     with CommDebugMode() as comm:
         out = via(start, mesh, dst)
     return collective_counts(comm.get_comm_counts()), priced, out, x
+
+
+def right_values(mesh, out: DTensor, x: torch.Tensor, dst: Placements) -> bool:
+    """Whether every rank holds the shard ``distribute_tensor(x, mesh, dst)`` gives it.
+
+    Shards, not ``full_tensor()``: DTensor's own gather is wrong for some strided layouts
+    (``_S(0,1)_S(0,2)`` gathers to another tensor than the one it holds, ``_S(0,2)_S(0,2)``
+    raises), which would blame the move. A target with a ``Partial`` axis has no shard of
+    its own to compare with, so its sum (``full_tensor``) is compared with ``x``.
+    """
+    if any(isinstance(p, Partial) for p in dst):
+        return torch.equal(out.full_tensor(), x)
+    a, b = out.to_local(), distribute_tensor(x, mesh, list(dst), src_data_rank=None).to_local()
+    return all(torch.equal(a._local_tensors[r], b._local_tensors[r]) for r in a._local_tensors)

@@ -21,9 +21,10 @@ import itertools
 import math
 from collections import Counter
 
-import torch
-from move_check import run_move  # scripts/move_check.py: a script's own folder is on sys.path
-from torch.distributed.tensor import distribute_tensor
+from move_check import (  # scripts/move_check.py: a script's own folder is on sys.path
+    right_values,
+    run_move,
+)
 
 from autoplan.cli import run_plan
 from autoplan.execute import flatten_mesh_groups
@@ -32,7 +33,7 @@ from autoplan.placements import Placements, fmt, is_strided, sharded_dim
 from autoplan.plan import Plan
 from autoplan.rebuild import rebuild
 from autoplan.runfile import load_run
-from autoplan.strategies.dtensor import LocalTensorMode, Partial
+from autoplan.strategies.dtensor import LocalTensorMode
 
 
 def _moves(rb) -> Counter[tuple[Placements, Placements, int]]:
@@ -59,17 +60,9 @@ def _shape(src: Placements, dst: Placements, rank: int, mesh_shape: tuple[int, .
     return tuple(size)
 
 
-def _same_shards(out, ref) -> bool:
-    a, b = out.to_local(), ref.to_local()
-    return all(torch.equal(a._local_tensors[r], b._local_tensors[r]) for r in a._local_tensors)
-
-
 def _run(mesh, redist, src: Placements, dst: Placements, shape: tuple) -> str:
     ran, priced, out, x = run_move(mesh, redist, src, dst, shape)
-    if any(isinstance(p, Partial) for p in dst):
-        right = torch.equal(out.full_tensor(), x)
-    else:
-        right = _same_shards(out, distribute_tensor(x, mesh, list(dst)))
+    right = right_values(mesh, out, x, dst)
     verdict = "as priced" if ran == priced else f"ran {ran}, priced {priced}"
     return f"{verdict}; {'right' if right else 'WRONG'} shards"
 

@@ -3,7 +3,8 @@
 Two references: ``RedistributeModel.cost_us`` (today's per-pair path, which shares the
 walk on codes), and ``_Oracle``, the per-pair walk on DTensor placement objects as
 autoplan had it before codes and edge matrices (commit c0fe833), kept here frozen so
-that a change to the shared walk cannot hide from these tests.
+that a change to the shared walk cannot hide from these tests; its one later addition,
+``_strided_runs``, is written on placement objects too.
 """
 
 from __future__ import annotations
@@ -70,6 +71,26 @@ def _transforms(src, dst):
     return steps
 
 
+def _strided_runs(src, dst) -> bool:
+    """A move with a ``_StridedShard`` side changes one axis, and where a dim is sharded
+    on several axes with a stride among them, only its last such axis, strided alone."""
+    if not any(isinstance(p, _StridedShard) for p in (*src, *dst)):
+        return True
+    changed = {a for a, (p, q) in enumerate(zip(src, dst, strict=True)) if p != q}
+    if len(changed) > 1:
+        return False
+    for side in (src, dst):
+        by_dim: dict[int, list[int]] = {}
+        for a, p in enumerate(side):
+            if sharded_dim(p) is not None:
+                by_dim.setdefault(sharded_dim(p), []).append(a)
+        for axes in by_dim.values():
+            strided = [a for a in axes if isinstance(side[a], _StridedShard)]
+            if len(axes) > 1 and strided and (strided != [axes[-1]] or changed != {axes[-1]}):
+                return False
+    return True
+
+
 def _fuse(steps, shape, mesh_shape):
     out, i = [], 0
     while i < len(steps):
@@ -105,6 +126,8 @@ class _Oracle:
         src, dst = plain(src), plain(dst)
         if src == dst:
             return 0.0
+        if not _strided_runs(src, dst):
+            return math.inf
         if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
             return math.inf
         current, mesh = list(src), self.mesh_shape

@@ -178,7 +178,7 @@ def moves(
     (``_fuse``); :mod:`autoplan.cost.edge_prices` relies on that to reuse it across shapes.
     None if DTensor cannot make the move.
     """
-    if any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
+    if not _strided_ok(src, dst) or any(_step(s, d) is None for s, d in zip(src, dst, strict=True)):
         return None
     current = list(src)
     out: list[tuple[str, tuple[int, ...], int]] = []
@@ -192,6 +192,32 @@ def moves(
         for a in axes:
             current[a] = target
     return out
+
+
+def _strided_ok(src: tuple[Code, ...], dst: tuple[Code, ...]) -> bool:
+    """Whether a move with a ``_StridedShard`` side is one DTensor runs as priced.
+
+    torch's strided path is exact only for a change of one mesh axis, and, where a dim is
+    sharded on several axes with a ``_StridedShard`` among them ("nested"), only when
+    the stride sits on the last of those axes alone and that axis is the one changing
+    (``S(0)_S(0,k) <-> S(0)R``, ``S(0)S(1)``, ...). Its other strided moves give other
+    shards, raise, or run other collectives (``scripts/strided_moves.py``); they are
+    impossible here, and routes reach the same targets one axis at a time through plain
+    placements (:mod:`autoplan.cost.routes`).
+    """
+    if all(c[1] >= 0 for c in (*src, *dst)):
+        return True
+    changed = [a for a, (s, d) in enumerate(zip(src, dst, strict=True)) if s != d]
+    if len(changed) != 1:
+        return not changed  # staying put is free whatever the layout
+    for side in (src, dst):
+        for dim in {c[0] for c in side if c[0] >= 0}:
+            axes = [a for a, c in enumerate(side) if c[0] == dim]
+            if len(axes) < 2 or all(side[a][1] >= 0 for a in axes):
+                continue
+            if changed != [axes[-1]] or any(side[a][1] < 0 for a in axes[:-1]):
+                return False
+    return True
 
 
 def _divisor(codes: Sequence[Code], mesh_shape: tuple[int, ...]) -> int:
