@@ -6,9 +6,11 @@ Every move between placement tuples built from R, P, S(0), S(1), _S(0,1) and _S(
 with a strided placement on either side is run under ``LocalTensorMode`` (one process
 simulating every rank, with the flattened meshes ``apply`` creates), through DTensor's
 redistribute or through ``autoplan.execute.move``; each is compared with the
-collectives :class:`RedistributeModel` prices and with the tensor it should hold. Prints
-the counts and every move that differs. A measurement for the README, not a test: the
-moves it reports wrong are a known gap of native mode.
+collectives :class:`RedistributeModel` prices and with the shards ``distribute_tensor``
+gives each rank. Prints the counts and every move that differs; moves priced impossible
+are not run. With ``--via dtensor`` it shows what torch's strided path gets wrong, the
+moves the cost model refuses; ``tests/test_redistribute_execution.py`` checks that every
+move priced possible runs as priced.
 """
 
 from __future__ import annotations

@@ -21,10 +21,13 @@ S -> P              not supported                   inf
 ``_StridedShard`` moves like ``Shard`` (it is one with a different order), except
 where DTensor's strided path differs: an axis going between a shard and an
 ``_StridedShard`` of another dim is gathered and cut locally (an all-gather of the
-gathered size, not an all-to-all), and ``P`` to ``_StridedShard`` is an all-reduce
-(``scripts/strided_moves.py`` measures what is still priced otherwise);
-``_S(d,1)`` *is* ``S(d)`` (no interleaving), and moving between the two
-spellings is free: the executor relabels the local shard.
+gathered size, not an all-to-all), and ``P`` to ``_StridedShard`` is an all-reduce.
+That path is exact only for some moves (:func:`_strided_ok`: one axis changing, and in
+a layout sharding a dim on several axes with a stride, only the strided last one); the
+others are impossible here and routes make them one axis at a time
+(``scripts/strided_moves.py`` runs them all). ``_S(d,1)`` *is* ``S(d)`` (no
+interleaving), and moving between the two spellings is free: the executor relabels the
+local shard.
 Axes are visited innermost first for gathers and reductions, as DTensor's
 default order does, and the local size is updated after each step, so a
 gather on an inner axis is priced on the already-gathered outer size. Where
