@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
 from autoplan.runfile import load_topology
+from tests.gloo import exit_worker, free_port
 from tests.test_planner import SLOW_DEVICES
 
 WORLD = 4
@@ -79,12 +79,6 @@ def _plan(
         output_placements=["R" * len(shape)],  # a replicated loss: nothing unpriced to log it
         pins=pins,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, loose: bool = False) -> tuple[bool, float]:
@@ -207,10 +201,11 @@ def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
             Path(out_dir, "results.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
+    exit_worker()
 
 
 def _run(cases: list[dict], tmp_path: Path) -> dict:
-    mp.spawn(_worker, args=(_free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
     return json.loads(Path(tmp_path, "results.json").read_text())
 
 

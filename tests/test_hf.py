@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import sys
 import textwrap
 from datetime import timedelta
@@ -27,6 +26,7 @@ from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
+from tests.gloo import exit_worker, free_port
 
 pytest.importorskip("transformers")
 
@@ -217,12 +217,6 @@ WORLD = 4
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _close(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
     return bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL)), float((a - b).abs().max())
 
@@ -283,6 +277,7 @@ def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
             Path(out_dir, "results.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
+    exit_worker()
 
 
 def _case(name: str, path: Path, overrides: list[str]) -> dict:
@@ -308,7 +303,7 @@ def test_hf_plans_execute_on_4_gloo_ranks(tmp_path):
         _case("llama", LLAMA, []),
         _case("llama_tight", LLAMA, ["plan.memory_budget_gib=0.0006", "plan.solver=highs"]),
     ]
-    mp.spawn(_worker, args=(_free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
     results = json.loads(Path(tmp_path, "results.json").read_text())
     for name, result in results.items():
         assert result["loss"][0], f"{name}: loss differs by {result['loss'][1]:.3g}"
