@@ -284,6 +284,13 @@ def _plan_traced(
             "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
             "plan.time_limit_s."
         )
+    elif solution.status == "optimal" and split:
+        base["message"] = (
+            f"optimal among tied plans: {split} twin class{'es are' if split > 1 else ' is'} "
+            "split under the memory budget (plan.untie_under_budget), and the MIP over tied "
+            "plans proved that none beats this plan; other splits were searched, not proved. "
+            "Set plan.untie_under_budget: false for the tied optimum alone."
+        )
     elif solution.status == "time_limit":
         gap = solution.gap
         base["message"] = (

@@ -202,3 +202,17 @@ def test_planner_says_which_limit_cut_the_tied_proof(monkeypatch):
     assert plan.status == "time_limit" and plan.ilp_size["untied"] > 0
     assert "MIP over tied plans had 10 s" in plan.message
     assert "untie_under_budget: false" in plan.message and "time_limit_s (" not in plan.message
+
+
+def test_an_untied_optimal_plan_says_what_was_proved():
+    """Untied under a budget and proved: "optimal among tied plans", naming the split classes."""
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    with torch.device("meta"):
+        model = TinyMLP(dim=64, hidden=256, n_layers=6)
+    config = autoplan.PlanConfig(memory_budget_gib=1.5 * 2**20 / 2**30)
+    plan = autoplan.plan(model, lambda: torch.randn(32, 64), mesh, config=config)
+    split = plan.ilp_size["untied"]
+    assert plan.status == "optimal" and split > 0
+    assert plan.message.startswith("optimal among tied plans: ")
+    assert f"{split} twin class" in plan.message and "untie_under_budget: false" in plan.message
+    assert plan.message in plan.summary()
