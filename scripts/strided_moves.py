@@ -8,9 +8,10 @@ simulating every rank, with the flattened meshes ``apply`` creates), through DTe
 redistribute or through ``autoplan.execute.move``; each is compared with the
 collectives :class:`RedistributeModel` prices and with the shards ``distribute_tensor``
 gives each rank. Prints the counts and every move that differs; moves priced impossible
-are not run. With ``--via dtensor`` it shows what torch's strided path gets wrong, the
-moves the cost model refuses; ``tests/test_redistribute_execution.py`` checks that every
-move priced possible runs as priced.
+(``_strided_ok`` refuses those torch's strided path gets wrong) are not run. ``--via
+dtensor`` runs DTensor's redistribute alone, without ``execute.move``'s relabeling of
+``_S(d,1)``. ``tests/test_redistribute_execution.py`` checks that every move priced
+possible runs as priced.
 """
 
 from __future__ import annotations
