@@ -11,9 +11,10 @@ Here, before each op, every tensor input is redistributed to the placement the c
 strategy requires (the priced redistribution, through the placements of its planned
 route when the plan lists one), then the op runs through DTensor's
 dispatch, which with inputs already placed needs no further communication. An op
-DTensor has no rule for (the fused CPU attention kernels) runs on the local shards and
-its outputs are wrapped with the planned placements: autoplan's rule for it is checked
-by execution in the tests. If DTensor ever produces another output placement than
+DTensor has no rule for (the fused CPU attention kernels), and an mm-family op planned on
+strided shards (``STRIDED_LOCAL_OPS``), run on the local shards and their outputs are
+wrapped with the planned placements: the rules are checked by execution in the tests.
+If DTensor ever produces another output placement than
 planned, the value is moved to the planned one and the node is recorded in
 :attr:`PlannedGraph.deviations` (a test asserts there are none).
 
@@ -36,9 +37,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.graph import map_args, tensor_args
-from autoplan.placements import Placements, fmt, parse, plain
+from autoplan.placements import Placements, fmt, is_strided, parse, plain
 from autoplan.plan import Plan
 from autoplan.strategies.dtensor import flatten_axes, redistribute
+from autoplan.strategies.ops import MM_FAMILY
 from autoplan.trace import TracedGraph
 
 # Ops run on local shards even though DTensor has a rule for them. DTensor runs
@@ -47,6 +49,13 @@ from autoplan.trace import TracedGraph
 # then refuses to unflatten), while the einsum strategy itself is checked by running it
 # on local shards (tests/test_strategy_execution.py): so it runs the same way here.
 LOCAL_OPS = frozenset({torch.ops.aten.einsum.default})
+# The mm family runs on local shards too when a planned input is strided (split factor
+# above 1). DTensor's view rule labels its strided outputs with an explicit shard order
+# and a redistributed tensor carries none; given one of each (``S(1)_S(1,2) x
+# S(0)_S(0,2) -> PP``, the weight gradient of a flattened batch), DTensor's mm dispatch
+# gathers both to R and makes RR, unpriced (tests/test_apply.py). The strategy itself
+# is DTensor's own, checked on local shards (tests/test_strategy_execution.py).
+STRIDED_LOCAL_OPS = MM_FAMILY
 
 __all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups", "move"]
 
@@ -206,7 +215,9 @@ class PlannedGraph:
             for a, want, via in zip(tensor_args(node), step.ins, step.via, strict=True)
         }
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
-        if node.target in LOCAL_OPS:
+        if node.target in LOCAL_OPS or (
+            node.target in STRIDED_LOCAL_OPS and any(_strided(want) for want in step.ins)
+        ):
             return self._call_local(step, args, kwargs)
         try:
             out = node.target(*args, **kwargs)
@@ -317,6 +328,11 @@ def _same(have: Sequence[Any], want: Placements | str) -> bool:
     if isinstance(want, str):
         return fmt(tuple(have)) == want
     return plain(tuple(have)) == plain(want)
+
+
+def _strided(want: Placements | str) -> bool:
+    """Whether a planned placement has a ``_StridedShard`` of split factor above 1."""
+    return isinstance(want, tuple) and any(is_strided(p) for p in plain(want))
 
 
 def _txt(want: Placements | str) -> str:

@@ -49,6 +49,8 @@ MODELS = {
     # a batch of 2 on dp=2: one row per rank, so flattening it with the sequence sharded
     # on cp makes _S(0,1), which the plan may relabel S(0) at no cost
     "mlp_b2": (_mlp, lambda: torch.randn(2, 32, 64)),
+    # two rows per dp rank: the same flattening makes _S(0,2), rows interleaved
+    "mlp_b4": (_mlp, lambda: torch.randn(4, 32, 64)),
     "llama": (_llama, lambda: torch.randint(0, 128, (8, 16))),
 }
 
@@ -355,6 +357,21 @@ def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp
     assert plan.node_placements["view"]["out"] == ["S(0)_S(0,1)"]
     assert plan.node_placements["mm"]["in"][0] == "S(0)S(0)"
     result = _spawn_cases(tmp_path, {"b2": ("mlp_b2", plan)})["b2"]
+    _assert_matches(result, plan)
+
+
+def test_native_plan_on_strided_shards_matches_one_device(tmp_path):
+    """A view makes S(0)_S(0,2); pinned to it, the mm family runs on strided shards forward
+    and backward, and a route takes a strided tensor out one axis at a time: the run
+    matches one device and runs exactly the collectives priced."""
+    plan = _plan(
+        "mlp_b4", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)_S(0,2)"}
+    )
+    assert plan.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
+    assert plan.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
+    assert any(p.startswith("S(0)_S(0,2)") for n in plan.node_placements.values() for p in n["in"])
+    assert plan.routes
+    result = _spawn_cases(tmp_path, {"b4": ("mlp_b4", plan)})["b4"]
     _assert_matches(result, plan)
 
 
