@@ -10,8 +10,9 @@ the plan's mesh, on a tensor of the same rank and a small shape: each dim is the
 of the mesh axes that shard it on either side, times its largest split factor, times 2.
 Printed per move: how many edges make it, the collectives that ran and those priced, and
 whether every rank holds the shard DTensor's ``distribute_tensor`` gives the target
-layout (for a ``Partial`` target, whether the full tensor is the source's). A
-measurement for the README, not a test: torch's strided path is the known gap.
+layout (for a ``Partial`` target, whether the full tensor is the source's). A check of
+real plans for the README (the 70B plan takes minutes); the rule that keeps torch's
+wrong strided moves out of plans is tested in ``tests/test_redistribute_execution.py``.
 """
 
 from __future__ import annotations
