@@ -360,19 +360,23 @@ def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp
     _assert_matches(result, plan)
 
 
-def test_native_plan_on_strided_shards_matches_one_device(tmp_path):
-    """A view makes S(0)_S(0,2); pinned to it, the mm family runs on strided shards forward
-    and backward, and a route takes a strided tensor out one axis at a time: the run
-    matches one device and runs exactly the collectives priced."""
-    plan = _plan(
+def test_native_plans_on_strided_shards_match_one_device(tmp_path):
+    """Two native MLP plans on strided shards match one device, with exactly the priced
+    collectives and no deviation: pinned to S(0)_S(0,2) (strided mms forward and backward,
+    a route out of a strided layout), and with the sequence on dp and the batch on cp,
+    where the plan itself picks _S(0,4)S(0) for its mms."""
+    pinned = _plan(
         "mlp_b4", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)_S(0,2)"}
     )
-    assert plan.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
-    assert plan.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
-    assert any(p.startswith("S(0)_S(0,2)") for n in plan.node_placements.values() for p in n["in"])
-    assert plan.routes
-    result = _spawn_cases(tmp_path, {"b4": ("mlp_b4", plan)})["b4"]
-    _assert_matches(result, plan)
+    assert pinned.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
+    assert pinned.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
+    assert pinned.routes
+    chosen = _plan("mlp_b4", (2, 2), ("dp", "cp"), "S(1)S(0)", mm_mode="native")
+    assert chosen.node_placements["mm"]["in"][0] == "_S(0,4)S(0)"
+    plans = {"pinned": ("mlp_b4", pinned), "chosen": ("mlp_b4", chosen)}
+    results = _spawn_cases(tmp_path, plans)
+    for name, (_, plan) in plans.items():
+        _assert_matches(results[name], plan)
 
 
 # Native mode's budgeted ILP (about 209k variables after pruning) is not proved optimal in
