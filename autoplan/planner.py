@@ -299,6 +299,8 @@ def _plan_traced(
             + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
             + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
         )
+    if math.isfinite(solution.bound_us):
+        base["bound_us"] = float(solution.bound_us)
     choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
     return read_solution(traced, table, costs, config, choice, solution.status, base)
 

@@ -473,6 +473,7 @@ def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
     assert plan.status == "time_limit"
     assert "time_limit_s (7.0 s)" in plan.message
     assert "10.00%" in plan.message
+    assert plan.gap == pytest.approx(0.10) and "time_limit (gap 10.000%)" in plan.summary()
     assert Solution("time_limit", 110.0, {}, 1.0, "cbc", bound_us=100.0).gap == pytest.approx(
         10 / 110
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -97,6 +98,18 @@ def test_plan_json_round_trips_exactly(meta_mlp, mesh8, tmp_path):
     assert again == plan
     assert again.to_json() == plan.to_json()
     assert {fmt(p) for p in again.param_placements.values()} <= {"S(0)", "S(1)", "R"}
+    assert again.bound_us == plan.bound_us is not None and 0.0 <= plan.gap < 1e-9
+    old = json.loads(plan.to_json())
+    del old["bound_us"]  # a plan saved before the bound was kept
+    assert math.isnan(autoplan.Plan.from_json(json.dumps(old)).gap)
+
+
+def test_plan_within_mip_gap_reports_its_gap_and_bound(meta_mlp, mesh8):
+    """With plan.mip_gap the plan is "optimal" within it: the bound and the gap say how far."""
+    plan = _plan(meta_mlp, mesh8, memory_budget_gib=3e-4, mip_gap=0.05)
+    assert plan.status == "optimal" and plan.bound_us <= plan.objective_us
+    assert 0.0 <= plan.gap <= 0.05 + 1e-9  # proved within the gap allowed, no closer
+    assert f"optimal (gap {plan.gap:.3%})" in plan.summary()
 
 
 def test_summary_lists_phases_status_and_params(meta_mlp, mesh8):

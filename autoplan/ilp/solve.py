@@ -225,6 +225,9 @@ def solve(
         choice = found
     else:
         cost = _valid_cost(model, choice)
+    if status == "optimal":  # proved, up to the relative gap the solver was allowed
+        floor = cost * (1.0 - mip_gap)
+        bound = min(cost, max(bound, floor)) if math.isfinite(bound) else floor
     nodes = {v: choice[r] for v, r in p.rep.items()}
     seconds = spent + time.perf_counter() - start_time
     return Solution(status, cost, nodes, seconds, solver, bound, stats)
