@@ -361,16 +361,15 @@ def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp
 
 
 def test_native_plans_on_strided_shards_match_one_device(tmp_path):
-    """Two native MLP plans on strided shards match one device, with exactly the priced
-    collectives and no deviation: pinned to S(0)_S(0,2) (strided mms forward and backward,
-    a route out of a strided layout), and with the sequence on dp and the batch on cp,
-    where the plan itself picks _S(0,4)S(0) for its mms."""
+    """Native plans on strided shards match one device with the priced collectives, no deviation."""
+    # pinned to S(0)_S(0,2): strided mms forward and backward, a route out of a strided layout
     pinned = _plan(
         "mlp_b4", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)_S(0,2)"}
     )
     assert pinned.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
     assert pinned.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
     assert pinned.routes
+    # the sequence on dp and the batch on cp: the plan itself picks _S(0,4)S(0) for its mms
     chosen = _plan("mlp_b4", (2, 2), ("dp", "cp"), "S(1)S(0)", mm_mode="native")
     assert chosen.node_placements["mm"]["in"][0] == "_S(0,4)S(0)"
     plans = {"pinned": ("mlp_b4", pinned), "chosen": ("mlp_b4", chosen)}
