@@ -105,6 +105,7 @@ class _Step:
     outs: tuple[Placements | str | None, ...]
     # per tensor input, the placements its move passes on the way (plan.routes)
     via: tuple[tuple[Placements, ...], ...]
+    local: bool  # run on local shards (LOCAL_OPS, or STRIDED_LOCAL_OPS on strided inputs)
 
 
 def _parse_entry(text: str | None, num_axes: int) -> Placements | str | None:
@@ -157,7 +158,10 @@ class PlannedGraph:
                 tuple(parse(p, num_axes) for p in plan.routes.get(f"{node.name}:{k}", ()))
                 for k in range(len(ins))
             )
-            self._steps.append(_Step(node, ins, outs, via))
+            local = node.target in LOCAL_OPS or (
+                node.target in STRIDED_LOCAL_OPS and any(map(_strided, ins))
+            )
+            self._steps.append(_Step(node, ins, outs, via, local))
         if missing or wrong_op:
             raise ValueError(
                 f"the plan does not fit this model's graph: {len(missing)} nodes have no planned "
@@ -215,9 +219,7 @@ class PlannedGraph:
             for a, want, via in zip(tensor_args(node), step.ins, step.via, strict=True)
         }
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
-        if node.target in LOCAL_OPS or (
-            node.target in STRIDED_LOCAL_OPS and any(_strided(want) for want in step.ins)
-        ):
+        if step.local:
             return self._call_local(step, args, kwargs)
         try:
             out = node.target(*args, **kwargs)

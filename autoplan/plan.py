@@ -121,7 +121,7 @@ class Plan:
     @property
     def gap(self) -> float:
         """``(objective - bound) / objective``; nan without a bound (or a plan)."""
-        if self.bound_us is None or not self.objective_us or self.status == "infeasible":
+        if self.bound_us is None or not self.objective_us:
             return math.nan
         return max(0.0, (self.objective_us - self.bound_us) / abs(self.objective_us))
 

@@ -68,9 +68,8 @@ class Solution:
 
     @property
     def gap(self) -> float:
-        """Relative gap between the plan and the bound (0 when optimal, nan when unknown)."""
-        if self.status == "optimal":
-            return 0.0
+        """Relative gap between the plan and the bound (nan when unknown); an optimal
+        solve's bound is its cost less the ``mip_gap`` it was allowed."""
         if not math.isfinite(self.bound_us) or not self.objective_us:
             return math.nan
         return max(0.0, (self.objective_us - self.bound_us) / abs(self.objective_us))
