@@ -8,13 +8,12 @@ the planned training step.
 
 Why: a plan is only worth something if it runs, gives the single-device loss and
 gradients, and communicates what the cost model priced. So the parallelized module does
-not leave activations to DTensor's own choices: calling it traces the joint
-forward+backward graph again (on fake tensors, once per input shape, exactly as the
-planner did) and runs it node by node with :class:`~autoplan.execute.PlannedGraph`,
-every input of every op redistributed to the placement the plan chose. The call returns
-the plan's loss (the ``loss_fn`` given to ``autoplan.plan``, by default the mean of the
-output); its ``backward()`` hands each parameter the gradient the graph computed, in the
-parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
+not leave activations to DTensor's own choices: its call
+(:mod:`autoplan.planned_module`) runs the planned joint graph lowered to this rank's
+local ops and the collectives of every planned move (:mod:`autoplan.lower`). The call
+returns the plan's loss (the ``loss_fn`` given to ``autoplan.plan``, by default the mean
+of the output); its ``backward()`` hands each parameter the gradient the graph computed,
+in the parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
 
 Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and raise
 ``NotImplementedError``.
@@ -22,21 +21,18 @@ Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and rai
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
-from autoplan.config import DTYPES
-from autoplan.execute import PlannedGraph, flatten_mesh_groups
-from autoplan.placements import Placements, fmt, parse, shard_degrees
+from autoplan.execute import flatten_mesh_groups
+from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
-from autoplan.rewrite import rewrite
-from autoplan.trace import trace_joint
+from autoplan.planned_module import PlannedState, install
+from autoplan.trace import LossFn
 
 __all__ = ["full_gradients", "input_placements", "parallelize", "shard_inputs"]
 
@@ -49,6 +45,8 @@ def parallelize(
     mesh: DeviceMesh,
     *,
     init_fn: Callable[[nn.Module], None] | None = None,
+    loss_fn: LossFn | None = None,
+    compile: bool = False,
 ) -> nn.Module:
     """Place ``model``'s parameters on ``mesh`` as ``plan`` says; return ``model``.
 
@@ -63,6 +61,13 @@ def parallelize(
       ``init_fn`` the values are uninitialized memory). ``init_fn`` runs while buffers are
       still plain tensors, so it may fill them with ordinary tensor ops; parameters are
       DTensors by then, so it must use ops DTensor supports (``nn.init.*`` does).
+
+    ``loss_fn`` is the loss the plan was made with (``autoplan.plan(..., loss_fn=...)``;
+    ``None``: the default, the mean of the output); the module's call returns it. A plan
+    runs only on the graph it was made for: the first call traces the model again and
+    refuses a graph whose fingerprint differs from the plan's (another loss, model,
+    ``mm_mode``, dtype or input shape), naming the first difference. ``compile=True`` runs
+    each lowered step (:mod:`autoplan.lower`) through ``torch.compile``.
 
     Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
     the plan does not list (planning traces only trainable ones) is replicated.
@@ -98,7 +103,8 @@ def parallelize(
             init_fn(model)
     _replicate_buffers(model, mesh)
     flatten_mesh_groups(mesh)
-    _install_planned_forward(model, _PlannedState(plan, mesh))
+    state = PlannedState(plan, mesh, input_placements(plan), loss_fn=loss_fn, compile=compile)
+    install(model, state)
     return model
 
 
@@ -199,148 +205,3 @@ def input_placements(plan: Plan) -> list[Placements]:
         key=lambda n: int(n.removeprefix(INPUT_PREFIX)),
     )
     return [parse(plan.node_placements[n]["out"][0], len(plan.mesh_shape)) for n in names]
-
-
-class _PlannedState:
-    """What a parallelized module keeps: the plan, the mesh, a planned graph per input shape."""
-
-    def __init__(self, plan: Plan, mesh: DeviceMesh) -> None:
-        self.plan, self.mesh = plan, mesh
-        self.placements = input_placements(plan)
-        cfg = plan.config
-        self.mm_mode = cfg.get("mm_mode", "einsum")
-        self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
-        self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
-        self.graphs: dict[tuple[Any, ...], PlannedGraph] = {}
-
-    def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
-        if len(args) != len(self.placements):
-            raise TypeError(
-                f"the parallelized model takes {len(self.placements)} inputs (as planned), got "
-                f"{len(args)}."
-            )
-        out = []
-        planned = self.plan.input_shapes or (None,) * len(args)
-        for i, (x, want) in enumerate(zip(args, self.placements, strict=True)):
-            if isinstance(x, DTensor):
-                if tuple(x.placements) != want:
-                    x = x.redistribute(self.mesh, want)
-                out.append(x)
-            elif isinstance(x, torch.Tensor):
-                deg = shard_degrees(want, self.mesh.shape, x.ndim)
-                shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
-                stride = torch.empty(shape, device="meta").stride()
-                out.append(
-                    DTensor.from_local(
-                        x, self.mesh, want, run_check=False, shape=shape, stride=stride
-                    )
-                )
-            else:
-                raise TypeError(f"input {i} is a {type(x).__name__}; pass tensors (local shards).")
-            if planned[i] is not None and tuple(out[-1].shape) != tuple(planned[i]):
-                raise ValueError(
-                    f"input {i} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} on "
-                    f"mesh {tuple(self.mesh.shape)}) but the plan was made for {tuple(planned[i])}; "
-                    "pass each rank's shard of a batch of the planned shape, or plan again."
-                )
-        return tuple(out)
-
-    def graph(self, model: nn.Module, inputs: Sequence[DTensor]) -> PlannedGraph:
-        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
-        if key not in self.graphs:
-
-            def example() -> tuple[torch.Tensor, ...]:  # called under trace_joint's fake mode
-                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in key)
-
-            with _original_class(model):
-                traced = trace_joint(model, example, param_dtype=self.param_dtype)
-            traced, _ = rewrite(traced, mm_mode=self.mm_mode)
-            self.graphs[key] = PlannedGraph(
-                traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype
-            )
-        return self.graphs[key]
-
-
-class _JointStep(torch.autograd.Function):
-    """Runs the whole planned step in forward; backward hands out the computed gradients."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, graph: PlannedGraph, param_dtype: torch.dtype | None, n_params: int, *tensors: Any
-    ) -> torch.Tensor:
-        t = graph.traced
-        params = list(tensors[:n_params])
-        if param_dtype is not None:  # FSDP2-style: compute in param_dtype, keep fp32 masters
-            params = [p.to(param_dtype) for p in params]
-        buffers = tensors[n_params : n_params + len(t.buffers)]
-        inputs = tensors[n_params + len(t.buffers) :]
-        loss, grads = graph.run(params, buffers, inputs)
-        ctx.grads = [
-            None if grads.get(fqn) is None else grads[fqn].to(p.dtype)
-            for fqn, p in zip(t.param_fqns, tensors[:n_params], strict=True)
-        ]
-        ctx.n_rest = len(tensors) - n_params
-        if all(isinstance(p, Replicate) for p in loss.placements):
-            return loss.to_local()
-        return loss.full_tensor()  # not priced: plan with output_placements=["R..."] to avoid it
-
-    @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
-        scale = float(grad_loss)
-        grads = [g if g is None or scale == 1.0 else g * scale for g in ctx.grads]
-        return (None, None, None, *grads, *([None] * ctx.n_rest))
-
-
-def _planned_forward(self: nn.Module, *args: Any) -> torch.Tensor:
-    state: _PlannedState = self._autoplan_state
-    inputs = state.inputs(args)
-    graph = state.graph(self, inputs)
-    params = dict(self.named_parameters())
-    buffers = dict(self.named_buffers())
-    t = graph.traced
-    tensors = [params[f] for f in t.param_fqns] + [buffers[f] for f in t.buffer_fqns]
-    return _JointStep.apply(graph, state.param_dtype, len(t.param_fqns), *tensors, *inputs)
-
-
-def _install_planned_forward(model: nn.Module, state: _PlannedState) -> None:
-    """Swap ``model``'s class for a subclass whose forward runs the plan (FSDP2's idiom)."""
-    cls = type(model)
-    if getattr(cls, "_autoplan_base", None) is None:
-        model.__class__ = type(
-            f"Planned{cls.__name__}",
-            (cls,),
-            {"forward": _planned_forward, "_autoplan_base": cls},
-        )
-    model._autoplan_state = state
-
-
-_OWN_HOOKS = (
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_backward_pre_hooks",
-    "_backward_hooks",
-)
-
-
-@contextlib.contextmanager
-def _original_class(model: nn.Module) -> Iterator[None]:
-    """The model as the planner traced it: its own class, without the planned call's hooks.
-
-    Hooks on the top module belong to the planned forward that is running the trace
-    (a debug tool's module tracker registers them there); firing them again inside the
-    trace would unbalance that tool's bookkeeping.
-    """
-    planned = type(model)
-    saved = {name: dict(getattr(model, name)) for name in _OWN_HOOKS}
-    model.__class__ = planned._autoplan_base
-    try:
-        for name in _OWN_HOOKS:
-            getattr(model, name).clear()
-        yield
-    finally:
-        model.__class__ = planned
-        for name, hooks in saved.items():
-            getattr(model, name).update(hooks)

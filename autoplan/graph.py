@@ -1,4 +1,5 @@
-"""Reading traced aten graphs: the tensor arguments of a node, and its arguments mapped.
+"""Reading traced aten graphs: the tensor arguments of a node, its arguments mapped, and
+a digest of the whole graph.
 
 Shared by the strategies and cost stages, which both replay a node's arguments
 with something in place of each tensor (metadata, candidate strategies, meta
@@ -7,6 +8,7 @@ tensors of local shapes).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +54,28 @@ def map_args(obj: Any, fn: Callable[[fx.Node], Any]) -> Any:
 def static_args(node: fx.Node) -> str:
     """A key for the non-tensor arguments of ``node`` (sizes, dims, equations)."""
     return repr(map_args((node.args, dict(node.kwargs)), lambda n: "T"))
+
+
+def fingerprint(gm: fx.GraphModule) -> str:
+    """A digest of ``gm``'s graph: every node's op, arguments and output shapes and dtypes,
+    in order.
+
+    A plan records it; applying the plan compares it with the digest of its own trace,
+    so a plan is never run on another graph (another loss, model or dtype).
+    """
+    index: dict[fx.Node, int] = {}
+    digest = hashlib.sha256()
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        args = fx.node.map_arg((node.args, dict(node.kwargs)), lambda n: f"%{index[n]}")
+        digest.update(f"{node.op}|{node.target}|{args}|{_out_signature(node)}\n".encode())
+    return digest.hexdigest()
+
+
+def _out_signature(node: fx.Node) -> str:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    return ";".join(
+        f"{tuple(v.shape)}:{v.dtype}" if isinstance(v, torch.Tensor) else type(v).__name__
+        for v in vals
+    )

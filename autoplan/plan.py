@@ -37,7 +37,10 @@ class Plan:
     tensor passes between its producer's and the node's. ``bound_us`` is the solver's
     proven lower bound on the step time (of plans with tied twins when the plan splits
     some, see ``message``; None when there is none) and :attr:`gap` the plan's distance
-    above it: at most ``mip_gap`` for an ``optimal`` plan.
+    above it: at most ``mip_gap`` for an ``optimal`` plan. ``loss_fn`` names the loss the
+    graph was traced with (``"mean"``: the default) and ``graph_fingerprint`` is the digest
+    of that graph (:func:`autoplan.graph.fingerprint`), which ``parallelize`` compares with
+    its own trace; empty in plans saved before it was recorded.
     """
 
     status: str
@@ -62,6 +65,8 @@ class Plan:
     stats: dict[str, float] = field(default_factory=dict)
     routes: dict[str, list[str]] = field(default_factory=dict)
     bound_us: float | None = None
+    loss_fn: str = "mean"
+    graph_fingerprint: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -21,6 +21,7 @@ from torch import nn
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins, untie
 from autoplan.cost.price import CostTable, price
+from autoplan.graph import fingerprint
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
@@ -336,4 +337,6 @@ def _plan_fields(
         "param_shapes": shapes,
         "input_shapes": tuple(tuple(traced.node(n).meta["val"].shape) for n in traced.inputs),
         "fallback_ops": table.fallback_ops,
+        "loss_fn": traced.loss_name,
+        "graph_fingerprint": fingerprint(traced.gm),
     }

@@ -62,6 +62,18 @@ def mean_loss(output: Any) -> torch.Tensor:
     return out.float().mean()
 
 
+DEFAULT_LOSS = "mean"  # the name a plan records for mean_loss
+
+
+def loss_name(loss_fn: LossFn | None) -> str:
+    """The name a plan records for the loss it was made with (for messages; the graph's
+    fingerprint is what decides whether a plan fits)."""
+    if loss_fn is None or loss_fn is mean_loss:
+        return DEFAULT_LOSS
+    name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__qualname__
+    return f"{getattr(loss_fn, '__module__', None) or '?'}.{name}"
+
+
 @dataclass(frozen=True)
 class TracedGraph:
     """The joint forward+backward graph and what its placeholders and outputs mean.
@@ -69,7 +81,8 @@ class TracedGraph:
     ``params`` / ``buffers`` / ``inputs`` list placeholder node names in order;
     ``param_fqns`` the parameter names they stand for; ``grads`` maps a
     parameter FQN to the output node holding its gradient (absent when the
-    parameter gets no gradient); ``loss`` is the loss node's name.
+    parameter gets no gradient); ``loss`` is the loss node's name and ``loss_name`` the
+    loss function's (:func:`loss_name`).
     """
 
     gm: fx.GraphModule
@@ -81,6 +94,7 @@ class TracedGraph:
     grads: dict[str, str]
     loss: str
     trace_seconds: float
+    loss_name: str = DEFAULT_LOSS
 
     @property
     def num_nodes(self) -> int:
@@ -129,7 +143,7 @@ def trace_joint(
     ``param_dtype`` traces floating parameters in that dtype, as FSDP2's
     ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
     """
-    loss_fn = loss_fn or mean_loss
+    given_loss, loss_fn = loss_fn, loss_fn or mean_loss
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -178,6 +192,7 @@ def trace_joint(
         grads=grads,
         loss=loss_node.name,
         trace_seconds=trace_seconds,
+        loss_name=loss_name(given_loss),
     )
 
 

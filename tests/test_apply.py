@@ -67,6 +67,7 @@ def _plan(
     budget_gib=None,
     mm_mode: str = "einsum",
     pins=None,
+    loss_fn=None,
     **config,
 ) -> Plan:
     build, input_fn = MODELS[kind]
@@ -80,6 +81,7 @@ def _plan(
         input_placements=[input_placement],
         output_placements=["R" * len(shape)],  # a replicated loss: nothing unpriced to log it
         pins=pins,
+        loss_fn=loss_fn,
     )
 
 
@@ -91,20 +93,29 @@ def _close(a: torch.Tensor, b: torch.Tensor, loose: bool = False) -> tuple[bool,
     return bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL)), diff
 
 
-def _check_case(kind: str, plan: Plan, mesh) -> dict:
+def square_loss(out: torch.Tensor) -> torch.Tensor:
+    """A loss other than the default mean: never negative, so a mix-up shows."""
+    return out.float().pow(2).mean()
+
+
+LOSSES = {"mean": None, "square": square_loss}
+
+
+def _check_case(kind: str, plan: Plan, mesh, loss: str = "mean") -> dict:
     """One case on this rank: loss, gradients, collectives and one SGD step vs one device."""
     build, input_fn = MODELS[kind]
+    loss_fn = LOSSES[loss]
     torch.manual_seed(0)
     model = build()
     torch.manual_seed(1)
     x = input_fn()
     ref = copy.deepcopy(model)
-    ref_loss = ref(x).float().mean()
+    ref_loss = (loss_fn or (lambda out: out.float().mean()))(ref(x))
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     torch.optim.SGD(ref.parameters(), lr=0.1).step()
 
-    pmodel = parallelize(model, plan, mesh)
+    pmodel = parallelize(model, plan, mesh, loss_fn=loss_fn)
     placed = {n: fmt(p.placements) for n, p in pmodel.named_parameters()}
     (local,) = shard_inputs(x, input_placements(plan), mesh)
     with CommDebugMode():  # first call traces, here inside a user's debug mode (its hooks
@@ -118,6 +129,7 @@ def _check_case(kind: str, plan: Plan, mesh) -> dict:
     stepped = {n: p.full_tensor() for n, p in pmodel.named_parameters()}
     ref_params = dict(ref.named_parameters())
     (graph,) = pmodel._autoplan_state.graphs.values()
+    (lowered,) = pmodel.autoplan_graphs().values()
     loose = plan.config.get("param_dtype") is not None
     return {
         "placed": placed,
@@ -130,6 +142,13 @@ def _check_case(kind: str, plan: Plan, mesh) -> dict:
         "sgd": {n: _close(w.detach(), ref_params[n].detach(), loose) for n, w in stepped.items()},
         "executed": collective_counts(comm.get_comm_counts()),
         "deviations": graph.deviations,
+        "lowered": {
+            "collectives": collective_counts(lowered.collectives()),
+            "dtensor_ops": [
+                str(n.target) for n in lowered.gm.graph.nodes if "DTensor" in str(n.target)
+            ],
+            "loss": float(loss),
+        },
     }
 
 
@@ -198,7 +217,7 @@ def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
                 continue
             plan = Plan.from_json(case["plan"])
             mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
-            results[case["name"]] = _check_case(case["kind"], plan, mesh)
+            results[case["name"]] = _check_case(case["kind"], plan, mesh, case.get("loss", "mean"))
         if rank == 0:
             Path(out_dir, "results.json").write_text(json.dumps(results))
     finally:
@@ -221,10 +240,18 @@ def _assert_matches(result: dict, plan: Plan) -> None:
     assert result["deviations"] == [], "DTensor placed outputs other than planned"
     priced = {kind: int(c["count"]) for kind, c in plan.comm.items()}
     assert result["executed"] == priced, "executed collectives differ from the priced ones"
+    assert result["lowered"]["collectives"] == priced, "the lowered graph's collectives differ"
 
 
-def _spawn_cases(tmp_path, plans: dict[str, tuple[str, Plan]], meta: bool = False) -> dict:
-    cases = [{"name": n, "kind": k, "plan": p.to_json()} for n, (k, p) in plans.items()]
+def _spawn_cases(
+    tmp_path, plans: dict[str, tuple[str, Plan]], meta: bool = False, losses=None
+) -> dict:
+    """Run each plan on 4 gloo processes; ``losses`` maps a case to its LOSSES key."""
+    losses = losses or {}
+    cases = [
+        {"name": n, "kind": k, "plan": p.to_json(), "loss": losses.get(n, "mean")}
+        for n, (k, p) in plans.items()
+    ]
     if meta:
         cases.append({"name": "meta", "kind": "meta"})
     return _run(cases, tmp_path)
@@ -253,13 +280,45 @@ def mlp_plans() -> dict[str, tuple[str, Plan]]:
                 topology=SLOW_DEVICES,
             ),
         ),
+        # a loss other than the default, given to plan and to parallelize
+        "square": (
+            "mlp",
+            _plan("mlp", (WORLD,), ("dp",), "S(0)", loss_fn=square_loss, topology=SLOW_DEVICES),
+        ),
     }
 
 
 @pytest.fixture(scope="module")
 def mlp_results(mlp_plans, tmp_path_factory) -> dict:
     """The MLP cases run together: one spawn of 4 processes."""
-    return _spawn_cases(tmp_path_factory.mktemp("mlp"), mlp_plans, meta=True)
+    return _spawn_cases(
+        tmp_path_factory.mktemp("mlp"), mlp_plans, meta=True, losses={"square": "square"}
+    )
+
+
+def test_plan_with_its_own_loss_runs_that_loss(mlp_plans, mlp_results):
+    """A plan made with loss_fn=square_loss, saved as JSON and loaded, runs with that loss
+    when parallelize is given it: loss, grads, SGD and collectives match one device."""
+    plan = mlp_plans["square"][1]
+    assert plan.loss_fn == "tests.test_apply.square_loss"
+    result = mlp_results["square"]
+    assert result["lowered"]["loss"] > 0.0
+    _assert_matches(result, plan)
+
+
+def test_plan_made_with_another_loss_is_refused(mlp_plans, tmp_path):
+    """A plan made with a custom loss, run without it, raises naming both losses; the
+    same plan and loss run (a graph is checked by its fingerprint, not by name)."""
+    plan = Plan.from_json(mlp_plans["square"][1].to_json())
+    mesh = autoplan.fake_mesh((WORLD,), ("dp",))
+    x = torch.randn(4, 32, 64)  # a rank's shard of the planned (16, 32, 64) batch
+    with pytest.raises(ValueError, match=r"made with loss_fn=tests\.test_apply\.square_loss.*"
+                       r"loss_fn=mean"):  # fmt: skip
+        parallelize(_mlp(), plan, mesh)(x)
+    # the same loss name on another graph: the first node the plan lacks is named
+    other = dataclasses.replace(mlp_plans["ddp"][1], loss_fn=plan.loss_fn)
+    with pytest.raises(ValueError, match=r"node pow\w* \(aten\.pow\.Tensor_Scalar\) is not in"):
+        parallelize(_mlp(), other, mesh, loss_fn=square_loss)(x)
 
 
 def test_mlp_fsdp_like_plan_matches_one_device(mlp_plans, mlp_results):
@@ -461,8 +520,8 @@ def test_partial_and_strided_parameters_are_not_supported_yet(placement):
 def test_plan_for_another_graph_or_batch_is_a_clear_error(mlp_plans):
     """A plan whose nodes do not match the traced graph, or a batch of another global
     shape than planned, is a ValueError that says what differs (no DTensor traceback)."""
-    from autoplan.apply import _PlannedState
     from autoplan.execute import PlannedGraph
+    from autoplan.planned_module import PlannedState
     from autoplan.rewrite import rewrite
     from autoplan.trace import trace_joint
 
@@ -475,7 +534,7 @@ def test_plan_for_another_graph_or_batch_is_a_clear_error(mlp_plans):
         ValueError, match=r"1 nodes have no planned placement \(first: \['gelu'\]\)"
     ):
         PlannedGraph(traced, dataclasses.replace(plan, node_placements=nodes), mesh)
-    state = _PlannedState(plan, mesh)
+    state = PlannedState(plan, mesh, input_placements(plan))
     with pytest.raises(ValueError, match=r"global shape \(32, 32, 64\).*made for \(16, 32, 64\)"):
         state.inputs([torch.randn(8, 32, 64)])  # a local shard of a batch of 32, not 16
     assert tuple(state.inputs([torch.randn(4, 32, 64)])[0].shape) == (16, 32, 64)

@@ -1,0 +1,263 @@
+"""Stage 7, the parallelized module's call: a lowered step per input shape, run by autograd.
+
+Input: a module whose parameters ``autoplan.parallelize`` placed, the plan and the real
+mesh. Output: the module's class swapped for a subclass (FSDP2's idiom) whose forward
+takes each rank's local input shards, runs the planned step and returns the loss; its
+``backward()`` hands every parameter the gradient the step computed, in the
+parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
+
+Why: at the first call for an input shape the joint graph is traced again on fake
+tensors (as the planner traced it), checked against the plan's fingerprint (a plan
+runs only on the graph it was made for: the same model, loss, shapes and dtypes), and
+lowered once to local ops and functional collectives (:mod:`autoplan.lower`); every
+later call runs that lowered graph only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from autoplan.config import DTYPES
+from autoplan.execute import PlannedGraph
+from autoplan.graph import fingerprint
+from autoplan.lower import LoweredStep, lower
+from autoplan.placements import Placements, fmt, shard_degrees
+from autoplan.plan import Plan
+from autoplan.rewrite import rewrite
+from autoplan.trace import LossFn, TracedGraph, trace_joint
+
+__all__ = ["PlannedState", "install"]
+
+
+class PlannedState:
+    """What a parallelized module keeps: the plan, the mesh, a lowered step per input shape."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        mesh: DeviceMesh,
+        placements: Sequence[Placements],
+        *,
+        loss_fn: LossFn | None = None,
+        compile: bool = False,
+    ) -> None:
+        self.plan, self.mesh, self.placements = plan, mesh, list(placements)
+        self.loss_fn, self.compile = loss_fn, compile
+        cfg = plan.config
+        self.mm_mode = cfg.get("mm_mode", "einsum")
+        self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
+        self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
+        self.graphs: dict[tuple[Any, ...], PlannedGraph] = {}
+        self.steps: dict[tuple[Any, ...], LoweredStep] = {}
+
+    def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
+        if len(args) != len(self.placements):
+            raise TypeError(
+                f"the parallelized model takes {len(self.placements)} inputs (as planned), got "
+                f"{len(args)}."
+            )
+        out = []
+        planned = self.plan.input_shapes or (None,) * len(args)
+        for i, (x, want) in enumerate(zip(args, self.placements, strict=True)):
+            if isinstance(x, DTensor):
+                if tuple(x.placements) != want:
+                    x = x.redistribute(self.mesh, want)
+                out.append(x)
+            elif isinstance(x, torch.Tensor):
+                deg = shard_degrees(want, self.mesh.shape, x.ndim)
+                shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
+                stride = torch.empty(shape, device="meta").stride()
+                out.append(
+                    DTensor.from_local(
+                        x, self.mesh, want, run_check=False, shape=shape, stride=stride
+                    )
+                )
+            else:
+                raise TypeError(f"input {i} is a {type(x).__name__}; pass tensors (local shards).")
+            if planned[i] is not None and tuple(out[-1].shape) != tuple(planned[i]):
+                raise ValueError(
+                    f"input {i} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} on "
+                    f"mesh {tuple(self.mesh.shape)}) but the plan was made for {tuple(planned[i])}; "
+                    "pass each rank's shard of a batch of the planned shape, or plan again."
+                )
+        return tuple(out)
+
+    def step(
+        self,
+        model: nn.Module,
+        params: Sequence[DTensor],
+        buffers: Sequence[DTensor],
+        inputs: Sequence[DTensor],
+    ) -> LoweredStep:
+        """The lowered step for these inputs' shapes, traced and lowered at the first call."""
+        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
+        if key not in self.steps:
+
+            def example() -> tuple[torch.Tensor, ...]:  # called under trace_joint's fake mode
+                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in key)
+
+            with _original_class(model):
+                traced = trace_joint(
+                    model, example, loss_fn=self.loss_fn, param_dtype=self.param_dtype
+                )
+            traced, _ = rewrite(traced, mm_mode=self.mm_mode)
+            check_fits(traced, self.plan)
+            graph = PlannedGraph(traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype)
+            self.graphs[key] = graph
+            self.steps[key] = lower(
+                graph,
+                params,
+                buffers,
+                inputs,
+                param_dtype=self.param_dtype,
+                compile=self.compile,
+            )
+        return self.steps[key]
+
+
+def check_fits(traced: TracedGraph, plan: Plan) -> None:
+    """Refuse to run ``plan`` on a graph other than the one it was made for.
+
+    Raises ``ValueError`` naming the loss when it differs, else the first node whose op
+    differs; plans saved without a fingerprint are checked node by node in
+    :class:`PlannedGraph` only.
+    """
+    if not plan.graph_fingerprint or fingerprint(traced.gm) == plan.graph_fingerprint:
+        return
+    if traced.loss_name != plan.loss_fn:
+        raise ValueError(
+            f"the plan was made with loss_fn={plan.loss_fn} but the model is being run with "
+            f"loss_fn={traced.loss_name}: its graph differs from the planned one. Pass the "
+            "plan's loss to parallelize(..., loss_fn=...), or plan again with this loss."
+        )
+    raise ValueError(
+        f"the plan does not fit this model's graph: {_first_difference(traced, plan)}. Plan "
+        "this exact model (same loss_fn, mm_mode, param_dtype and input shapes and dtypes) "
+        "and apply that plan."
+    )
+
+
+def _first_difference(traced: TracedGraph, plan: Plan) -> str:
+    """Where the traced graph first departs from the plan's nodes, in words."""
+    seen = set()
+    for node in traced.gm.graph.nodes:
+        if node.op == "output":
+            continue
+        seen.add(node.name)
+        entry = plan.node_placements.get(node.name)
+        op = "placeholder" if node.op == "placeholder" else str(node.target)
+        if entry is None:
+            return f"node {node.name} ({op}) is not in the plan"
+        if entry["op"] != op and not (op.endswith("getitem") and entry["op"] == "getitem"):
+            return f"node {node.name} is {op} here but {entry['op']} in the plan"
+    extra = [n for n in plan.node_placements if n not in seen]
+    if extra:
+        return f"the plan has nodes this graph lacks (first: {extra[0]})"
+    return "every node has the planned op, but a shape, dtype or argument differs"
+
+
+class _JointStep(torch.autograd.Function):
+    """Runs the whole lowered step in forward; backward hands out the computed gradients."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, step: LoweredStep, n_params: int, n_buffers: int, *tensors: Any
+    ) -> torch.Tensor:
+        params, rest = tensors[:n_params], tensors[n_params:]
+        local = [x.to_local() for x in tensors]
+        loss, grads = step.run(
+            local[:n_params], local[n_params : n_params + n_buffers], local[n_params + n_buffers :]
+        )
+        ctx.grads = [
+            _like(grads.get(fqn), p) for fqn, p in zip(step.param_fqns, params, strict=True)
+        ]
+        ctx.n_rest = len(rest)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
+        scale = float(grad_loss)
+        grads = [g if g is None or scale == 1.0 else g * scale for g in ctx.grads]
+        return (None, None, None, *grads, *([None] * ctx.n_rest))
+
+
+def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
+    """A gradient shard as a DTensor placed like its parameter (no communication)."""
+    if local is None:
+        return None
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+        stride=param.stride(),
+    )  # fmt: skip
+
+
+def _planned_forward(self: nn.Module, *args: Any) -> torch.Tensor:
+    state: PlannedState = self._autoplan_state
+    inputs = state.inputs(args)
+    params = dict(self.named_parameters())
+    buffers = dict(self.named_buffers())
+    # the trace's order: trainable parameters, then every buffer (trace_joint)
+    ps = [p for p in params.values() if p.requires_grad]
+    bs = list(buffers.values())
+    step = state.step(self, ps, bs, inputs)
+    return _JointStep.apply(step, len(ps), len(bs), *ps, *bs, *inputs)
+
+
+def _autoplan_graphs(self: nn.Module) -> dict[tuple[Any, ...], LoweredStep]:
+    """The lowered step of each input shape run so far; ``print`` one to read its graph."""
+    return dict(self._autoplan_state.steps)
+
+
+def install(model: nn.Module, state: PlannedState) -> None:
+    """Swap ``model``'s class for a subclass whose forward runs the plan (FSDP2's idiom)."""
+    cls = type(model)
+    if getattr(cls, "_autoplan_base", None) is None:
+        model.__class__ = type(
+            f"Planned{cls.__name__}",
+            (cls,),
+            {
+                "forward": _planned_forward,
+                "autoplan_graphs": _autoplan_graphs,
+                "_autoplan_base": cls,
+            },
+        )
+    model._autoplan_state = state
+
+
+_OWN_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
+@contextlib.contextmanager
+def _original_class(model: nn.Module) -> Iterator[None]:
+    """The model as the planner traced it: its own class, without the planned call's hooks.
+
+    Hooks on the top module belong to the planned forward that is running the trace
+    (a debug tool's module tracker registers them there); firing them again inside the
+    trace would unbalance that tool's bookkeeping.
+    """
+    planned = type(model)
+    saved = {name: dict(getattr(model, name)) for name in _OWN_HOOKS}
+    model.__class__ = planned._autoplan_base
+    try:
+        for name in _OWN_HOOKS:
+            getattr(model, name).clear()
+        yield
+    finally:
+        model.__class__ = planned
+        for name, hooks in saved.items():
+            getattr(model, name).update(hooks)
