@@ -176,28 +176,36 @@ class PlannedGraph:
         buffers: Sequence[DTensor],
         inputs: Sequence[DTensor],
     ) -> tuple[DTensor, dict[str, DTensor]]:
-        """Execute the graph; return the loss and the gradient of each parameter FQN."""
+        """Execute the graph; return the loss and the gradient of each parameter FQN.
+
+        Each gradient is moved to its parameter's placement (the edge the cost model
+        prices from the gradient node to the parameter: the optimizer updates shard by
+        shard) as soon as it is computed, so that a lowered step can reduce it while the
+        backward goes on.
+        """
         t = self.traced
         env: dict[str, Any] = {}
         feed = dict(zip(t.params, params, strict=True))
         feed |= dict(zip(t.buffers, buffers, strict=True))
         feed |= dict(zip(t.inputs, inputs, strict=True))
+        param_of = dict(zip(t.param_fqns, t.params, strict=True))
+        grad_of: dict[str, list[str]] = {}
+        for fqn, name in t.grads.items():
+            grad_of.setdefault(name, []).append(fqn)
+        grads: dict[str, DTensor] = {}
         for step in self._steps:
             node = step.node
             if node.op == "placeholder":
                 env[node.name] = self._place(feed[node.name], step.outs[0], node.name)
-                continue
-            env[node.name] = self._call(step, env)
-        # Each gradient ends in its parameter's placement: the edge the cost model prices
-        # from the gradient node to the parameter (the optimizer updates shard by shard).
-        param_of = dict(zip(t.param_fqns, t.params, strict=True))
-        grads = {
-            fqn: self._place(
-                self._for_reduction(env[name]), self._outs[param_of[fqn]][0], f"gradient of {fqn}"
-            )
-            for fqn, name in t.grads.items()
-        }
-        return env[t.loss], grads
+            else:
+                env[node.name] = self._call(step, env)
+            for fqn in grad_of.get(node.name, ()):
+                grads[fqn] = self._place(
+                    self._for_reduction(env[node.name]),
+                    self._outs[param_of[fqn]][0],
+                    f"gradient of {fqn}",
+                )
+        return env[t.loss], {fqn: grads[fqn] for fqn in t.grads}
 
     def _for_reduction(self, grad: Any) -> Any:
         """A partial gradient in ``reduce_dtype`` (FSDP2's policy), as the plan priced it."""

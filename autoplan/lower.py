@@ -27,7 +27,9 @@ from autoplan.execute import PlannedGraph
 from autoplan.placements import fmt
 from autoplan.strategies.dtensor import isolated_trace
 
-__all__ = ["LoweredStep", "lower"]
+__all__ = ["LoweredStep", "defer_waits", "lower"]
+
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
 
 
 class LoweredStep:
@@ -128,6 +130,7 @@ def lower(
     with isolated_trace(), torch.no_grad():
         gm = make_fx(step, tracing_mode="fake")(*local)
     gm.graph.eliminate_dead_code()
+    defer_waits(gm.graph)
     gm.recompile()
     names = tuple(
         [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
@@ -135,3 +138,23 @@ def lower(
         + [f"input {i} {fmt(x.placements)}" for i, x in enumerate(inputs)]
     )
     return LoweredStep(gm, t.param_fqns, grad_fqns, names, compile=compile)
+
+
+def defer_waits(graph: fx.Graph) -> int:
+    """Move each collective's wait to just before the first node that reads its result.
+
+    A functional collective starts when issued and ``wait_tensor`` blocks until it is
+    done; traced, each wait follows its collective at once, so nothing overlaps. Waiting
+    only where the result is needed lets the collective run while the ops between go on
+    (a gradient's reduction under the rest of the backward, as DDP's buckets do). The
+    order of the collectives themselves is unchanged: every rank issues them alike.
+    Returns how many waits moved.
+    """
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    moved = 0
+    for wait in [n for n in graph.nodes if n.target is _WAIT]:
+        first = min(wait.users, key=order.__getitem__, default=None)
+        if first is not None and order[first] > order[wait] + 1:
+            first.prepend(wait)
+            moved += 1
+    return moved

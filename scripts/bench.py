@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from results_md import write_section  # scripts/results_md.py: a script's folder is on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = [
     "configs/llama3_8b_2l.yaml:einsum:cbc",
@@ -185,7 +187,7 @@ def main() -> None:
         + "\n\nEach row alone:\n\n"
         f"{_commands(rows)}\n"
     )
-    Path(args.out).write_text(text)
+    write_section(args.out, "planning", text)
     print(f"wrote {args.out}")
 
 

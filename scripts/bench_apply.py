@@ -1,0 +1,275 @@
+"""Step time of ``autoplan.parallelize`` against PyTorch's own wrappers on the same placements.
+
+A tiny LLaMA (dim 256, 4 layers, 8 heads, 4 kv heads, vocab 1024, seq 128, batch 8) on 4
+gloo processes. Each case plans on a fake mesh with every parameter pinned to the layout
+PyTorch's wrapper gives it (the activations left to the solver), then runs, in the same
+spawn and on the same weights and batch, the wrapper and the parallelized model:
+
+- ``ddp``: every parameter ``R`` on dp=4, against ``DistributedDataParallel``;
+- ``fsdp``: every parameter ``S(0)`` on dp=4, against ``fully_shard`` per block + root;
+- ``tp``: torchtitan's layout on (dp=2, tp=2) (wq/wk/wv/w1/w3 colwise ``S(0)`` on tp,
+  wo/w2 rowwise ``S(1)`` on tp, everything ``S(0)`` on dp), against ``parallelize_module``
+  with ``ColwiseParallel``/``RowwiseParallel`` and ``fully_shard`` on dp.
+
+A step is forward + backward + SGD; the figure is the median over ``--steps`` steps after
+``--warmup`` (each step's time is the slowest rank's). ``--compile`` adds the
+parallelized model with ``compile=True``. Writes its section of benchmarks/RESULTS.md.
+
+    python scripts/bench_apply.py [--steps 10] [--warmup 2] [--compile] [--case ddp ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from results_md import RESULTS, write_section  # scripts/results_md.py (the script's folder)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+import autoplan
+from autoplan.apply import input_placements, parallelize, shard_inputs
+from autoplan.cost.topology import Device, Topology
+from autoplan.models.llama3 import ModelArgs, Transformer
+from autoplan.plan import Plan
+
+WORLD = 4
+ARGS = ModelArgs(
+    dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=1024, multiple_of=64, max_seq_len=128
+)
+BATCH, SEQ = 8, 128
+COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+ROWWISE = ("attention.wo", "feed_forward.w2")
+CASES = {  # name: (mesh shape, axis names, input placement, baseline)
+    "ddp": ((WORLD,), ("dp",), "S(0)", "DistributedDataParallel"),
+    "fsdp": ((WORLD,), ("dp",), "S(0)", "fully_shard per block + root"),
+    "tp": ((2, 2), ("dp", "tp"), "S(0)R", "parallelize_module (colwise/rowwise) + fully_shard"),
+}
+
+
+def _pins(case: str, model: torch.nn.Module) -> dict[str, str]:
+    """Every parameter's placement under the wrapper the case compares with, and the
+    embedding's output batch-sharded on dp as the wrappers run it (left free, the solver
+    may slice the replicated embedding by hidden dim and gather it: another algorithm)."""
+    out = {"embedding": "S(0)" if case != "tp" else "S(0)R"}
+    for fqn, _ in model.named_parameters():
+        if case == "ddp":
+            out[fqn] = "R"
+        elif case == "fsdp":
+            out[fqn] = "S(0)"
+        elif any(f".{m}." in f".{fqn}" for m in COLWISE):
+            out[fqn] = "S(0)S(0)"
+        elif any(f".{m}." in f".{fqn}" for m in ROWWISE):
+            out[fqn] = "S(0)S(1)"
+        else:
+            out[fqn] = "S(0)R"
+    return out
+
+
+# This machine, roughly: a CPU core's float32 throughput and memory bandwidth. With GPU
+# figures the solver would rather replicate the tiny model's compute than sum gradients,
+# which is not the data parallelism the wrappers run.
+CPU = Topology(
+    device=Device(
+        "cpu", peak_bf16_tflops=0.02, peak_fp32_tflops=0.02, hbm_gbps=10.0, memory_gib=24.0
+    )
+)
+
+
+def _plan(case: str, mm_mode: str = "einsum") -> Plan:
+    shape, names, placement, _ = CASES[case]
+    with torch.device("meta"):
+        model = Transformer(ARGS)
+    return autoplan.plan(
+        model,
+        lambda: torch.randint(0, ARGS.vocab_size, (BATCH, SEQ)),
+        autoplan.fake_mesh(shape, names),
+        config=autoplan.PlanConfig(solver="highs", topology=CPU, mm_mode=mm_mode),
+        input_placements=[placement],
+        output_placements=["R" * len(shape)],
+        pins=_pins(case, model),
+    )
+
+
+def _baseline(case: str, model: torch.nn.Module, mesh) -> torch.nn.Module:
+    if case == "ddp":
+        return DistributedDataParallel(model)
+    if case == "fsdp":
+        for block in model.layers:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    tp = mesh["tp"]
+    for block in model.layers:
+        plan = {m: ColwiseParallel() for m in COLWISE} | {m: RowwiseParallel() for m in ROWWISE}
+        parallelize_module(block, tp, plan)
+        block.attention.n_heads //= tp.size()  # local heads, as torchtitan's attention reads
+        block.attention.n_kv_heads //= tp.size()
+        fully_shard(block, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
+
+
+def _timed(step, steps: int, warmup: int) -> tuple[float, float]:
+    """Median step time (the slowest rank's, in ms) and the first step's loss."""
+    times, first = [], None
+    for i in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        loss = step()
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        first = float(loss) if first is None else first
+        if i >= warmup:
+            times.append(float(elapsed) * 1e3)
+    return statistics.median(times), first
+
+
+def _sgd_step(model, opt, call):
+    def step():
+        loss = call()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=600),
+    )  # fmt: skip
+    rows = {}
+    try:
+        for case, plan_json in cases.items():
+            plan = Plan.from_json(plan_json)
+            mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
+            torch.manual_seed(1)
+            x = torch.randint(0, ARGS.vocab_size, (BATCH, SEQ))
+            (placed,) = shard_inputs(x, input_placements(plan), mesh)
+            x_local = placed.to_local()  # this rank's rows (replicated on tp)
+            torch.manual_seed(0)
+            base = _baseline(case, Transformer(ARGS), mesh)
+            opt = torch.optim.SGD(base.parameters(), lr=0.01)
+            row = {}
+            row["base_ms"], local_loss = _timed(
+                _sgd_step(base, opt, lambda b=base, x=x_local: b(x).float().mean()), **opts
+            )
+            # the wrappers' loss is this rank's rows' mean: the global one is the ranks' mean
+            total = torch.tensor([local_loss])
+            dist.all_reduce(total)
+            row["base_loss"] = float(total) / WORLD
+            for compiled in (False, True) if compile else (False,):
+                torch.manual_seed(0)
+                pm = parallelize(Transformer(ARGS), plan, mesh, compile=compiled)
+                opt = torch.optim.SGD(pm.parameters(), lr=0.01)
+                start = time.perf_counter()
+                first = pm(x_local)  # traces and lowers (and compiles) once
+                first.backward()
+                pm.zero_grad(set_to_none=True)
+                key = "compiled" if compiled else "eager"
+                row[f"{key}_first_s"] = time.perf_counter() - start
+                row[f"{key}_ms"], row[f"{key}_loss"] = _timed(
+                    _sgd_step(pm, opt, lambda p=pm, x=x_local: p(x)), **opts
+                )
+            rows[case] = row
+            if rank == 0:
+                print(case, json.dumps(row), flush=True)
+        if rank == 0:
+            Path(out).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    names = args.case or list(CASES)
+    plans = {}
+    for case in names:
+        start = time.perf_counter()
+        plans[case] = _plan(case).to_json()
+        print(f"planned {case} in {time.perf_counter() - start:.1f} s", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp, "rows.json"))
+        port = _free_port()
+        opts = {"steps": args.steps, "warmup": args.warmup}
+        mp.spawn(_worker, args=(port, plans, opts, args.compile, out), nprocs=WORLD, join=True)
+        rows = json.loads(Path(out).read_text())
+    write_section(args.out, "apply", _report(rows, args))
+    print(f"wrote {args.out}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _report(rows: dict, args: argparse.Namespace) -> str:
+    cmd = " ".join(["python scripts/bench_apply.py", *sys.argv[1:]])
+    lines = [
+        "# autoplan.parallelize against PyTorch's wrappers",
+        "",
+        f"Command: `{cmd}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}; 4 gloo processes, one "
+        f"thread each. Tiny LLaMA (dim {ARGS.dim}, {ARGS.n_layers} layers, {ARGS.n_heads} "
+        f"heads, {ARGS.n_kv_heads} kv heads, vocab {ARGS.vocab_size}), batch {BATCH} x seq "
+        f"{SEQ}. Median step (forward + backward + SGD, the slowest rank) over {args.steps} "
+        f"steps after {args.warmup}; *first call*: the parallelized model's first step "
+        "(trace, check, lower, and compile when asked).",
+        "",
+        "| case | PyTorch | PyTorch ms | parallelize ms | ratio | first call s |"
+        + (" compile=True ms | ratio | first call s |" if args.compile else ""),
+        "|---|---|---|---|---|---|" + ("---|---|---|" if args.compile else ""),
+    ]
+    for case, r in rows.items():
+        line = (
+            f"| {case} | {CASES[case][3]} | {r['base_ms']:.1f} | {r['eager_ms']:.1f} | "
+            f"{r['eager_ms'] / r['base_ms']:.2f} | {r['eager_first_s']:.1f} |"
+        )
+        if "compiled_ms" in r:
+            line += (
+                f" {r['compiled_ms']:.1f} | {r['compiled_ms'] / r['base_ms']:.2f} | "
+                f"{r['compiled_first_s']:.1f} |"
+            )
+        lines.append(line)
+    lines.append("")
+    lines.append(
+        "First-step losses (same weights and batch): "
+        + ", ".join(f"{c} {r['base_loss']:.6f} / {r['eager_loss']:.6f}" for c, r in rows.items())
+        + " (PyTorch / parallelize)."
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
