@@ -57,7 +57,7 @@ LOCAL_OPS = frozenset({torch.ops.aten.einsum.default})
 # is DTensor's own, checked on local shards (tests/test_strategy_execution.py).
 STRIDED_LOCAL_OPS = MM_FAMILY
 
-__all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups", "move"]
+__all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups", "move", "op_name"]
 
 _KINDS = {
     "all_gather_into_tensor": "all_gather",
@@ -144,7 +144,7 @@ class PlannedGraph:
             if node.op == "output":
                 continue
             entry = plan.node_placements.get(node.name)
-            op = _op_name(node)
+            op = op_name(node)
             if entry is None:
                 missing.append(node.name)
                 continue
@@ -349,7 +349,8 @@ def _txt(want: Placements | str) -> str:
     return want if isinstance(want, str) else fmt(want)
 
 
-def _op_name(node: fx.Node) -> str:
+def op_name(node: fx.Node) -> str:
+    """A node's op as a plan's ``node_placements`` records it."""
     if node.op == "placeholder":
         return "placeholder"
     if node.target is operator.getitem:

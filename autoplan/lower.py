@@ -16,6 +16,7 @@ then runs the recorded local ops, eagerly or through ``torch.compile``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,7 +24,7 @@ from torch import fx
 from torch.distributed.tensor import DTensor, Replicate
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.execute import PlannedGraph
+from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.placements import fmt
 from autoplan.strategies.dtensor import isolated_trace
 
@@ -39,7 +40,8 @@ class LoweredStep:
     graph's order) and returns ``[loss, *grads]``: the loss on this rank (replicated,
     so the same on every rank) and the gradient shard of each parameter in
     ``grad_fqns``, in its parameter's placement and dtype. ``names`` lists what each
-    placeholder of ``gm`` stands for.
+    placeholder of ``gm`` stands for; ``deviations`` the nodes where DTensor made another
+    placement than planned while the step was recorded (moved to the planned one).
     """
 
     def __init__(
@@ -49,9 +51,11 @@ class LoweredStep:
         grad_fqns: tuple[str, ...],
         names: tuple[str, ...],
         *,
+        deviations: tuple[str, ...] = (),
         compile: bool = False,
     ) -> None:
         self.gm, self.param_fqns, self.grad_fqns, self.names = gm, param_fqns, grad_fqns, names
+        self.deviations = deviations
         self._fn: Callable[..., list[torch.Tensor]] = torch.compile(gm) if compile else gm
 
     def run(
@@ -65,14 +69,14 @@ class LoweredStep:
         return out[0], dict(zip(self.grad_fqns, out[1:], strict=True))
 
     def collectives(self) -> dict[str, int]:
-        """How many of each functional collective one step runs (waits not counted)."""
-        counts: dict[str, int] = {}
-        for node in self.gm.graph.nodes:
-            name = str(node.target)
-            if "_c10d_functional" in name and "wait_tensor" not in name:
-                kind = name.split(".")[-2]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        """How many collectives of each kind one step runs, in ``plan.comm``'s vocabulary."""
+        ops = Counter(
+            node.target.overloadpacket
+            for node in self.gm.graph.nodes
+            if getattr(node.target, "namespace", None) == "_c10d_functional"
+            and node.target is not _WAIT
+        )
+        return collective_counts(ops)
 
     def __str__(self) -> str:
         header = [
@@ -137,7 +141,9 @@ def lower(
         + [f"buffer {f}" for f in t.buffer_fqns]
         + [f"input {i} {fmt(x.placements)}" for i, x in enumerate(inputs)]
     )
-    return LoweredStep(gm, t.param_fqns, grad_fqns, names, compile=compile)
+    return LoweredStep(
+        gm, t.param_fqns, grad_fqns, names, deviations=tuple(graph.deviations), compile=compile
+    )
 
 
 def defer_waits(graph: fx.Graph) -> int:

@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from autoplan.config import DTYPES
-from autoplan.execute import PlannedGraph
+from autoplan.execute import PlannedGraph, op_name
 from autoplan.graph import fingerprint
 from autoplan.lower import LoweredStep, lower
 from autoplan.placements import Placements, fmt, shard_degrees
@@ -54,7 +54,6 @@ class PlannedState:
         self.mm_mode = cfg.get("mm_mode", "einsum")
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
         self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
-        self.graphs: dict[tuple[Any, ...], PlannedGraph] = {}
         self.steps: dict[tuple[Any, ...], LoweredStep] = {}
 
     def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
@@ -110,7 +109,6 @@ class PlannedState:
             traced, _ = rewrite(traced, mm_mode=self.mm_mode)
             check_fits(traced, self.plan)
             graph = PlannedGraph(traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype)
-            self.graphs[key] = graph
             self.steps[key] = lower(
                 graph,
                 params,
@@ -152,10 +150,10 @@ def _first_difference(traced: TracedGraph, plan: Plan) -> str:
             continue
         seen.add(node.name)
         entry = plan.node_placements.get(node.name)
-        op = "placeholder" if node.op == "placeholder" else str(node.target)
+        op = op_name(node)
         if entry is None:
             return f"node {node.name} ({op}) is not in the plan"
-        if entry["op"] != op and not (op.endswith("getitem") and entry["op"] == "getitem"):
+        if entry["op"] != op:
             return f"node {node.name} is {op} here but {entry['op']} in the plan"
     extra = [n for n in plan.node_placements if n not in seen]
     if extra:
