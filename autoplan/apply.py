@@ -10,10 +10,12 @@ Why: a plan is only worth something if it runs, gives the single-device loss and
 gradients, and communicates what the cost model priced. So the parallelized module does
 not leave activations to DTensor's own choices: its call
 (:mod:`autoplan.planned_module`) runs the planned joint graph lowered to this rank's
-local ops and the collectives of every planned move (:mod:`autoplan.lower`). The call
-returns the plan's loss (the ``loss_fn`` given to ``autoplan.plan``, by default the mean
-of the output); its ``backward()`` hands each parameter the gradient the graph computed,
-in the parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
+local ops and the collectives of every planned move (:mod:`autoplan.lower`), split into a
+forward and a backward program. The call returns the model's own output (its pytree, as
+DTensors in the planned output placements; the loss, for a plan made with a ``loss_fn``);
+a ``backward()`` through it runs the backward program and hands each parameter the
+gradient one device computes, in the parameter's own placement, so any ``torch.optim``
+optimizer steps on the DTensors.
 
 Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and raise
 ``NotImplementedError``.
@@ -62,8 +64,9 @@ def parallelize(
       still plain tensors, so it may fill them with ordinary tensor ops; parameters are
       DTensors by then, so it must use ops DTensor supports (``nn.init.*`` does).
 
-    ``loss_fn`` is the loss the plan was made with (``autoplan.plan(..., loss_fn=...)``;
-    ``None``: the default, the mean of the output); the module's call returns it. A plan
+    ``loss_fn`` is the loss the plan was made with (``autoplan.plan(..., loss_fn=...)``);
+    the module's call then returns that loss. Without one (the default) the call returns
+    the model's output and any loss is computed on it outside. A plan
     runs only on the graph it was made for: the first call traces the model again and
     refuses a graph whose fingerprint differs from the plan's (another loss, model,
     ``mm_mode``, dtype or input shape), naming the first difference. ``compile=True`` runs

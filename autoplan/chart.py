@@ -54,8 +54,8 @@ def node_kinds(traced: TracedGraph) -> dict[str, str]:
     }
     users = {n.name: [u.name for u in n.users if u.op != "output"] for n in nodes}
     inputs = {n.name: [a.name for a in n.all_input_nodes] for n in nodes}
-    forward = {traced.loss}
-    for n in reversed(nodes):  # ancestors of the loss are the forward pass
+    forward = set(traced.outputs)
+    for n in reversed(nodes):  # ancestors of the outputs are the forward pass
         if n.name in forward:
             forward.update(inputs[n.name])
     grads = {

@@ -160,7 +160,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"input: shape {list(shape)}, placements {placed}")
     print("plan: " + ", ".join(f"{k}={v}" for k, v in options.items()))
     if run.output_placements:
-        print(f"loss placement: {fmt(run.output_placements[0])}")
+        print("output placements: " + ", ".join(fmt(p) for p in run.output_placements))
     if run.pins:
         nodes = [n for n in run.pins if n not in params]
         print(

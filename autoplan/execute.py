@@ -1,9 +1,9 @@
 """Stage 7b, execute: run a plan's joint graph on DTensors, node by node, as planned.
 
 Input: the model's joint forward+backward graph (traced again, exactly as the planner
-traced it), the :class:`~autoplan.plan.Plan` and a real ``DeviceMesh``. Output: the loss
-and one gradient per parameter, as DTensors, with every intermediate tensor placed the
-way the plan's ``node_placements`` say.
+traced it), the :class:`~autoplan.plan.Plan` and a real ``DeviceMesh``. Output: the
+graph's outputs and one gradient per parameter, as DTensors, with every intermediate
+tensor placed the way the plan's ``node_placements`` say.
 
 Why: DTensor's own dispatch, given DTensor parameters, picks the placement of every
 activation by itself, so the collectives it runs need not be the ones the plan priced.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,13 +170,31 @@ class PlannedGraph:
                 "that plan."
             )
 
+    def planned_output(self, name: str) -> Placements:
+        """The plan's placement of node ``name``'s (first) output."""
+        want = self._outs[name][0]
+        if not isinstance(want, tuple):
+            raise NotImplementedError(
+                f"the plan places output {name} as {want!r}, which a caller cannot be handed; "
+                "plan with output_placements to fix the output's placement."
+            )
+        return want
+
     def run(
         self,
         params: Sequence[DTensor],
         buffers: Sequence[DTensor],
         inputs: Sequence[DTensor],
-    ) -> tuple[DTensor, dict[str, DTensor]]:
-        """Execute the graph; return the loss and the gradient of each parameter FQN.
+        tangents: Sequence[DTensor | Callable[[], DTensor]],
+    ) -> tuple[list[DTensor], dict[str, DTensor]]:
+        """Execute the graph; return the outputs and the gradient of each parameter FQN.
+
+        ``tangents`` are the cotangents of the differentiable outputs (``traced.tangents``
+        order), placed where they arrive (:func:`autoplan.cost.price.arrival` of the
+        output's planned placement), or functions making them; each is made and moved to
+        its planned placement just before the first op that reads it (the cotangent edge
+        the cost model prices), so that a recorded step does all of the backward's work
+        after the forward's.
 
         Each gradient is moved to its parameter's placement (the edge the cost model
         prices from the gradient node to the parameter: the optimizer updates shard by
@@ -188,6 +206,7 @@ class PlannedGraph:
         feed = dict(zip(t.params, params, strict=True))
         feed |= dict(zip(t.buffers, buffers, strict=True))
         feed |= dict(zip(t.inputs, inputs, strict=True))
+        pending = dict(zip(t.tangents.values(), tangents, strict=True))
         param_of = dict(zip(t.param_fqns, t.params, strict=True))
         grad_of: dict[str, list[str]] = {}
         for fqn, name in t.grads.items():
@@ -196,8 +215,14 @@ class PlannedGraph:
         for step in self._steps:
             node = step.node
             if node.op == "placeholder":
-                env[node.name] = self._place(feed[node.name], step.outs[0], node.name)
+                if node.name not in pending:
+                    env[node.name] = self._place(feed[node.name], step.outs[0], node.name)
             else:
+                for arg in node.all_input_nodes:
+                    if arg.name in pending:
+                        given = pending.pop(arg.name)
+                        value = given() if callable(given) else given
+                        env[arg.name] = self._place(value, self._outs[arg.name][0], arg.name)
                 env[node.name] = self._call(step, env)
             for fqn in grad_of.get(node.name, ()):
                 grads[fqn] = self._place(
@@ -205,7 +230,7 @@ class PlannedGraph:
                     self._outs[param_of[fqn]][0],
                     f"gradient of {fqn}",
                 )
-        return env[t.loss], {fqn: grads[fqn] for fqn in t.grads}
+        return [env[o] for o in t.outputs], {fqn: grads[fqn] for fqn in t.grads}
 
     def _for_reduction(self, grad: Any) -> Any:
         """A partial gradient in ``reduce_dtype`` (FSDP2's policy), as the plan priced it."""

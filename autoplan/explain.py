@@ -61,7 +61,7 @@ def resolve(rb: Rebuilt, name: str) -> tuple[str, str | None]:
 
 
 def _text(ns: NodeStrategies, s: Strategy) -> str:
-    return fmt(s.outs[0]) if ns.kind in ("param", "input", "buffer") else str(s)
+    return fmt(s.outs[0]) if ns.kind in ("param", "input", "buffer", "tangent") else str(s)
 
 
 def _moves(rb: Rebuilt, e: EdgeCost, assign: dict[str, int]) -> str:
@@ -111,7 +111,7 @@ def _assign(rb: Rebuilt, members: list[str], i: int) -> dict[str, int]:
 
 
 def _allowed(rb: Rebuilt, node: str) -> np.ndarray | None:
-    """Strategies the run's constraints (inputs, loss, pins) allow for a node, None if free."""
+    """Strategies the run's constraints (inputs, outputs, pins) allow for a node, None if free."""
     outs = [s.outs[0] for s in rb.table.nodes[node].strategies]
     mask = np.ones(len(outs), dtype=bool)
     constrained = False
@@ -120,8 +120,10 @@ def _allowed(rb: Rebuilt, node: str) -> np.ndarray | None:
         want = rb.run.input_placements[inputs.index(node)]
         mask &= np.array([o == want for o in outs])
         constrained = True
-    if node == rb.traced.loss and rb.run.output_placements:
-        mask &= np.array([o == rb.run.output_placements[0] for o in outs])
+    outputs = list(rb.traced.outputs)
+    if node in outputs and rb.run.output_placements:
+        want = rb.run.output_placements[outputs.index(node)]
+        mask &= np.array([o == want for o in outs])
         constrained = True
     pinned = resolve_pins(rb.traced, rb.table, rb.run.pins)
     if node in pinned:

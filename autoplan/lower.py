@@ -1,91 +1,155 @@
-"""Stage 7, lower: the planned joint graph to one graph of local ops on this rank.
+"""Stage 7, lower: the planned joint graph to a forward and a backward program of local ops.
 
 Input: a :class:`~autoplan.execute.PlannedGraph` (the traced joint graph with the plan's
 placement for every tensor) and this rank's parameters, buffers and inputs as DTensors
-on the real mesh. Output: a :class:`LoweredStep`, an ``fx.GraphModule`` over the local
+on the real mesh. Output: a :class:`LoweredStep`: ``fx.GraphModule`` s over the local
 shards made of aten ops and the functional collectives (``_c10d_functional``) of every
-redistribution the plan priced, hop by hop along its routes, returning the loss and
-each parameter's gradient shard.
+redistribution the plan priced, hop by hop along its routes. The forward program
+returns the model's output shards and the values the backward reads (the saved
+activations); the backward program takes those and the output cotangents and returns
+each parameter's gradient shard; the inference program is the forward alone.
 
 Why: ``PlannedGraph`` runs every op through DTensor, so sharding propagation,
-redistribute planning and DTensor's dispatch were paid per op at every step, although
-they decide the same thing each time. Here they run once: ``make_fx`` records one
-planned execution on fake local tensors (no compute, no communication), and every step
-then runs the recorded local ops, eagerly or through ``torch.compile``.
+redistribute planning and DTensor's dispatch would be paid per op at every step,
+although they decide the same thing each time. Here they run once: ``make_fx`` records
+one planned execution on fake local tensors (no compute, no communication), torch's own
+partitioner splits it where the forward ends, and every step runs the recorded local
+ops, eagerly or through ``torch.compile``.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
-from autoplan.placements import fmt
-from autoplan.strategies.dtensor import isolated_trace
+from autoplan.placements import Placements, fmt
+from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
 
-__all__ = ["LoweredStep", "defer_waits", "lower"]
+__all__ = ["LoweredStep", "OutputSpec", "SavedValue", "defer_waits", "lower"]
 
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
+_TANGENT = "tangents_"  # the partitioner's name for the cotangent placeholders
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output tensor of the model: its planned placement and global size."""
+
+    placements: Placements
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    differentiable: bool
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    """A value the forward program hands to the backward program, on this rank."""
+
+    name: str  # the forward program's node
+    what: str  # "activation", or the placeholder it is (a parameter, buffer or input)
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
 
 
 class LoweredStep:
     """One training step of a plan on this rank, as local ops and functional collectives.
 
-    ``gm`` takes the local shards of the parameters, buffers and inputs (in the traced
-    graph's order) and returns ``[loss, *grads]``: the loss on this rank (replicated,
-    so the same on every rank) and the gradient shard of each parameter in
-    ``grad_fqns``, in its parameter's placement and dtype. ``names`` lists what each
-    placeholder of ``gm`` stands for; ``deviations`` the nodes where DTensor made another
-    placement than planned while the step was recorded (moved to the planned one).
+    ``forward`` takes the local shards of the parameters, buffers and inputs (in the
+    traced graph's order, ``names``) and returns the output shards (placed as
+    ``outputs`` say) followed by ``saved``; ``backward`` takes the saved values and
+    each differentiable output's cotangent shard (placed as it arrives,
+    :func:`~autoplan.cost.price.arrival`) and returns the gradient shard of each
+    parameter in ``grad_fqns``, in its parameter's placement and dtype; ``inference``
+    is the forward without anything saved. ``deviations`` lists the nodes where
+    DTensor made another placement than planned while the step was recorded (moved to
+    the planned one).
     """
 
     def __init__(
         self,
-        gm: fx.GraphModule,
+        forward: fx.GraphModule,
+        backward: fx.GraphModule,
+        inference: fx.GraphModule,
+        *,
         param_fqns: tuple[str, ...],
         grad_fqns: tuple[str, ...],
         names: tuple[str, ...],
-        *,
+        outputs: tuple[OutputSpec, ...],
+        saved: tuple[SavedValue, ...],
+        backward_inputs: tuple[int, ...],
         deviations: tuple[str, ...] = (),
         compile: bool = False,
     ) -> None:
-        self.gm, self.param_fqns, self.grad_fqns, self.names = gm, param_fqns, grad_fqns, names
-        self.deviations = deviations
-        self._fn: Callable[..., list[torch.Tensor]] = torch.compile(gm) if compile else gm
+        self.forward, self.backward, self.inference = forward, backward, inference
+        self.param_fqns, self.grad_fqns, self.names = param_fqns, grad_fqns, names
+        self.outputs, self.saved, self.deviations = outputs, saved, deviations
+        # per backward placeholder: its index in saved, or -1 - k for the k-th cotangent
+        self._backward_inputs = backward_inputs
+        # eager: the generated code itself, not the module call, so module hooks and
+        # trackers (CommDebugMode's) never see a module that runs inside a backward
+        wrap: Callable[[fx.GraphModule], Callable[..., list[torch.Tensor]]] = (
+            torch.compile if compile else (lambda gm: gm.forward)
+        )
+        self._fwd, self._bwd, self._inf = wrap(forward), wrap(backward), wrap(inference)
 
-    def run(
-        self,
-        params: Sequence[torch.Tensor],
-        buffers: Sequence[torch.Tensor],
-        inputs: Sequence[torch.Tensor],
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss and each gradient's local shard, keyed by parameter FQN."""
-        out = self._fn(list(params), list(buffers), list(inputs))
-        return out[0], dict(zip(self.grad_fqns, out[1:], strict=True))
+    @property
+    def tangent_placements(self) -> tuple[Placements, ...]:
+        """Where each differentiable output's cotangent is expected to arrive."""
+        return tuple(arrival(o.placements) for o in self.outputs if o.differentiable)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per rank the forward keeps for the backward beyond its own inputs."""
+        return sum(s.nbytes for s in self.saved if s.what == "activation")
+
+    def run_forward(
+        self, primals: Sequence[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The output shards and the saved values."""
+        out = self._fwd(*primals)
+        n = len(self.outputs)
+        return list(out[:n]), list(out[n:])
+
+    def run_backward(
+        self, saved: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Each gradient's local shard, keyed by parameter FQN."""
+        args = [saved[i] if i >= 0 else tangents[-1 - i] for i in self._backward_inputs]
+        return dict(zip(self.grad_fqns, self._bwd(*args), strict=True))
+
+    def run_inference(self, primals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The output shards, nothing saved."""
+        return list(self._inf(*primals))
 
     def collectives(self) -> dict[str, int]:
-        """How many collectives of each kind one step runs, in ``plan.comm``'s vocabulary."""
-        ops = Counter(
-            node.target.overloadpacket
-            for node in self.gm.graph.nodes
-            if getattr(node.target, "namespace", None) == "_c10d_functional"
-            and node.target is not _WAIT
-        )
-        return collective_counts(ops)
+        """How many collectives of each kind a training step (forward and backward) runs,
+        in ``plan.comm``'s vocabulary."""
+        return collective_counts(_collectives(self.forward) + _collectives(self.backward))
 
     def __str__(self) -> str:
-        header = [
-            f"# {p.name}: {what}" for p, what in zip(self._placeholders(), self.names, strict=True)
+        legend = [
+            f"# {p.name}: {what}"
+            for p, what in zip(_placeholders(self.forward), self.names, strict=True)
         ]
-        return "\n".join(header) + "\n" + self.gm.code
-
-    def _placeholders(self) -> list[fx.Node]:
-        return [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        saved = [
+            f"# saved {s.name}: {s.what} {list(s.shape)} {str(s.dtype).removeprefix('torch.')}"
+            for s in self.saved
+        ]
+        return "\n".join(
+            ["# forward", *legend, self.forward.code, "# backward", *saved, self.backward.code]
+        )
 
 
 def lower(
@@ -97,7 +161,8 @@ def lower(
     param_dtype: torch.dtype | None = None,
     compile: bool = False,
 ) -> LoweredStep:
-    """Record one planned step of ``graph`` on ``params``, ``buffers`` and ``inputs``.
+    """Record one planned step of ``graph`` on ``params``, ``buffers`` and ``inputs``, and
+    split it into its forward and backward programs.
 
     Every rank must call it together (its DTensor ops build the same collectives on
     each rank, though none runs). ``param_dtype`` computes with the parameters cast to
@@ -107,42 +172,157 @@ def lower(
     t = graph.traced
     grad_fqns = tuple(f for f in t.param_fqns if f in t.grads)
     mesh = graph.mesh
+    outputs = tuple(_output_spec(graph, i) for i in range(len(t.outputs)))
+    tangent_specs = [(i, arrival(outputs[i].placements)) for i in sorted(t.tangents)]
+    primals_like = [*params, *buffers, *inputs]
 
-    def wrap(local: Sequence[torch.Tensor], like: Sequence[DTensor]) -> list[DTensor]:
-        return [
-            DTensor.from_local(
-                x, mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
-            )
-            for x, d in zip(local, like, strict=True)
-        ]
+    def wrap(local: torch.Tensor, like: DTensor) -> DTensor:
+        return DTensor.from_local(
+            local, mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+        )
 
-    def step(
-        ps: list[torch.Tensor], bs: list[torch.Tensor], xs: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        placed = wrap(ps, params)
+    def joint(primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> list[torch.Tensor]:
+        placed = [wrap(x, d) for x, d in zip(primals, primals_like, strict=True)]
+        ps, rest = placed[: len(params)], placed[len(params) :]
         if param_dtype is not None:
-            placed = [p.to(param_dtype) if p.is_floating_point() else p for p in placed]
-        loss, grads = graph.run(placed, wrap(bs, buffers), wrap(xs, inputs))
-        if all(isinstance(p, Replicate) for p in loss.placements):
-            loss_local = loss.to_local()
-        else:  # not priced: plan with output_placements=["R..."] to avoid it
-            loss_local = loss.full_tensor()
+            ps = [p.to(param_dtype) if p.is_floating_point() else p for p in ps]
+        cotangents = [
+            functools.partial(
+                DTensor.from_local,
+                x,
+                mesh,
+                where,
+                run_check=False,
+                shape=outputs[i].shape,
+                stride=outputs[i].stride,
+            )
+            for x, (i, where) in zip(tangents, tangent_specs, strict=True)
+        ]
+        outs, grads = graph.run(ps, rest[: len(buffers)], rest[len(buffers) :], cotangents)
         dtypes = {f: p.dtype for f, p in zip(t.param_fqns, params, strict=True)}
-        return [loss_local] + [grads[f].to(dtypes[f]).to_local() for f in grad_fqns]
+        return [o.to_local() for o in outs] + [grads[f].to(dtypes[f]).to_local() for f in grad_fqns]
 
-    local = [[x.to_local() for x in group] for group in (params, buffers, inputs)]
+    local_primals = [x.to_local() for x in primals_like]
+    local_tangents = [
+        torch.empty(local_shape(outputs[i].shape, mesh, where), dtype=outputs[i].dtype)
+        for i, where in tangent_specs
+    ]
     with isolated_trace(), torch.no_grad():
-        gm = make_fx(step, tracing_mode="fake")(*local)
+        gm = make_fx(joint, tracing_mode="fake")(local_primals, local_tangents)
     gm.graph.eliminate_dead_code()
-    defer_waits(gm.graph)
     gm.recompile()
+    forward, backward = _partition(gm, len(outputs))
+    inference = _forward_only(forward, len(outputs))
     names = tuple(
         [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
         + [f"buffer {f}" for f in t.buffer_fqns]
         + [f"input {i} {fmt(x.placements)}" for i, x in enumerate(inputs)]
     )
+    saved, backward_inputs = _saved(forward, backward, len(outputs), names)
     return LoweredStep(
-        gm, t.param_fqns, grad_fqns, names, deviations=tuple(graph.deviations), compile=compile
+        forward,
+        backward,
+        inference,
+        param_fqns=t.param_fqns,
+        grad_fqns=grad_fqns,
+        names=names,
+        outputs=outputs,
+        saved=saved,
+        backward_inputs=backward_inputs,
+        deviations=tuple(graph.deviations),
+        compile=compile,
+    )
+
+
+def _output_spec(graph: PlannedGraph, index: int) -> OutputSpec:
+    name = graph.traced.outputs[index]
+    val = graph.traced.node(name).meta["val"]
+    want = graph.planned_output(name)
+    return OutputSpec(
+        want, tuple(val.shape), tuple(val.stride()), val.dtype, index in graph.traced.tangents
+    )
+
+
+def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Torch's default partitioner on the joint local graph: the forward is what the
+    outputs need, everything after it in the recorded order is the backward."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    forward = {n for n in out.args[0][:num_outputs] if isinstance(n, fx.Node)}
+    for node in reversed(gm.graph.nodes):
+        if node in forward:
+            forward.update(node.all_input_nodes)
+    for node in forward:
+        node.meta["partitioner_tag"] = "is_forward"
+    fwd, bwd = partition_joint(gm, num_outputs)
+    for g in (fwd, bwd):
+        # the partitioner copies into the backward every op its inputs can compute, and
+        # keeps them though nothing reads them (a collective among them would run twice)
+        g.graph.eliminate_dead_code(is_impure_node=_impure_not_collective)
+        defer_waits(g.graph)
+        g.recompile()
+    if _collectives(fwd) + _collectives(bwd) != _collectives(gm):
+        raise RuntimeError(
+            "splitting the lowered step into forward and backward changed its collectives "
+            f"({dict(_collectives(gm))} became {dict(_collectives(fwd) + _collectives(bwd))})"
+        )
+    return fwd, bwd
+
+
+def _forward_only(forward: fx.GraphModule, num_outputs: int) -> fx.GraphModule:
+    """The forward program returning the outputs only: what nothing else reads is dropped,
+    collectives included."""
+    graph = copy.deepcopy(forward.graph)
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    out.args = (tuple(out.args[0][:num_outputs]),)
+    graph.eliminate_dead_code(is_impure_node=_impure_not_collective)
+    return fx.GraphModule(forward, graph)
+
+
+def _impure_not_collective(node: fx.Node) -> bool:
+    return getattr(node.target, "namespace", None) != "_c10d_functional" and node.is_impure()
+
+
+def _saved(
+    forward: fx.GraphModule, backward: fx.GraphModule, num_outputs: int, names: tuple[str, ...]
+) -> tuple[tuple[SavedValue, ...], tuple[int, ...]]:
+    """What the forward hands over, and where each backward placeholder comes from."""
+    out = next(n for n in reversed(forward.graph.nodes) if n.op == "output")
+    handed = list(out.args[0][num_outputs:])
+    primal = {p.name: what for p, what in zip(_placeholders(forward), names, strict=True)}
+    saved = []
+    for node in handed:
+        val = node.meta["val"]
+        saved.append(
+            SavedValue(
+                node.name,
+                primal.get(node.name, "activation"),
+                tuple(val.shape),
+                val.dtype,
+                val.numel() * val.element_size(),
+            )
+        )
+    position = {n.name: i for i, n in enumerate(handed)}
+    backward_inputs = []
+    for p in _placeholders(backward):
+        if p.name.startswith(_TANGENT):
+            backward_inputs.append(-int(p.name.removeprefix(_TANGENT)))  # tangents_1 -> -1
+        elif p.name in position:
+            backward_inputs.append(position[p.name])
+        else:
+            raise RuntimeError(f"backward program input {p.name} is not a saved forward value")
+    return tuple(saved), tuple(backward_inputs)
+
+
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _collectives(gm: fx.GraphModule) -> Counter[object]:
+    return Counter(
+        node.target.overloadpacket
+        for node in gm.graph.nodes
+        if getattr(node.target, "namespace", None) == "_c10d_functional"
+        and node.target is not _WAIT
     )
 
 

@@ -1,16 +1,20 @@
-"""Stage 7, the parallelized module's call: a lowered step per input shape, run by autograd.
+"""Stage 7, the parallelized module's call: lowered programs per input shape, run by autograd.
 
 Input: a module whose parameters ``autoplan.parallelize`` placed, the plan and the real
 mesh. Output: the module's class swapped for a subclass (FSDP2's idiom) whose forward
-takes each rank's local input shards, runs the planned step and returns the loss; its
-``backward()`` hands every parameter the gradient the step computed, in the
-parameter's own placement, so any ``torch.optim`` optimizer steps on the DTensors.
+takes the inputs (DTensors or each rank's local shards), runs the planned forward
+program and returns the model's output, structured as the model returns it, as
+DTensors in their planned placements (the loss, as a plain tensor, for a plan made with
+a ``loss_fn``). A loss computed from it drives the planned backward program, which hands
+every parameter its gradient in the parameter's own placement, so any ``torch.optim``
+optimizer steps on the DTensors. Under ``torch.no_grad()`` or ``eval()`` the forward
+runs alone and keeps nothing for a backward.
 
 Why: at the first call for an input shape the joint graph is traced again on fake
 tensors (as the planner traced it), checked against the plan's fingerprint (a plan
 runs only on the graph it was made for: the same model, loss, shapes and dtypes), and
 lowered once to local ops and functional collectives (:mod:`autoplan.lower`); every
-later call runs that lowered graph only.
+later call runs those programs only.
 """
 
 from __future__ import annotations
@@ -22,15 +26,17 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.config import DTYPES
+from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, op_name
 from autoplan.graph import fingerprint
-from autoplan.lower import LoweredStep, lower
+from autoplan.lower import LoweredStep, OutputSpec, lower
 from autoplan.placements import Placements, fmt, shard_degrees
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
+from autoplan.strategies.dtensor import local_shape
 from autoplan.trace import LossFn, TracedGraph, trace_joint
 
 __all__ = ["PlannedState", "install"]
@@ -55,6 +61,7 @@ class PlannedState:
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
         self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
         self.steps: dict[tuple[Any, ...], LoweredStep] = {}
+        self._traced: dict[tuple[Any, ...], TracedGraph] = {}
 
     def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
         if len(args) != len(self.placements):
@@ -94,20 +101,23 @@ class PlannedState:
         params: Sequence[DTensor],
         buffers: Sequence[DTensor],
         inputs: Sequence[DTensor],
-    ) -> LoweredStep:
-        """The lowered step for these inputs' shapes, traced and lowered at the first call."""
-        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
+    ) -> tuple[LoweredStep, TracedGraph]:
+        """The lowered step for these inputs' shapes (and the model's mode: a model may
+        compute otherwise in eval mode), traced and lowered at the first call; and the
+        traced graph it was lowered from (for the output's structure)."""
+        shapes = tuple((tuple(x.shape), x.dtype) for x in inputs)
+        key = (*shapes, "train" if model.training else "eval")
         if key not in self.steps:
 
             def example() -> tuple[torch.Tensor, ...]:  # called under trace_joint's fake mode
-                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in key)
+                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in shapes)
 
             with _original_class(model):
                 traced = trace_joint(
                     model, example, loss_fn=self.loss_fn, param_dtype=self.param_dtype
                 )
             traced, _ = rewrite(traced, mm_mode=self.mm_mode)
-            check_fits(traced, self.plan)
+            check_fits(traced, self.plan, training=model.training)
             graph = PlannedGraph(traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype)
             self.steps[key] = lower(
                 graph,
@@ -117,15 +127,17 @@ class PlannedState:
                 param_dtype=self.param_dtype,
                 compile=self.compile,
             )
-        return self.steps[key]
+            self._traced[key] = traced
+        return self.steps[key], self._traced[key]
 
 
-def check_fits(traced: TracedGraph, plan: Plan) -> None:
+def check_fits(traced: TracedGraph, plan: Plan, *, training: bool = True) -> None:
     """Refuse to run ``plan`` on a graph other than the one it was made for.
 
     Raises ``ValueError`` naming the loss when it differs, else the first node whose op
     differs; plans saved without a fingerprint are checked node by node in
-    :class:`PlannedGraph` only.
+    :class:`PlannedGraph` only. ``training`` is the model's mode, named when the
+    graph differs in eval mode (dropout, batch norm).
     """
     if not plan.graph_fingerprint or fingerprint(traced.gm) == plan.graph_fingerprint:
         return
@@ -133,12 +145,19 @@ def check_fits(traced: TracedGraph, plan: Plan) -> None:
         raise ValueError(
             f"the plan was made with loss_fn={plan.loss_fn} but the model is being run with "
             f"loss_fn={traced.loss_name}: its graph differs from the planned one. Pass the "
-            "plan's loss to parallelize(..., loss_fn=...), or plan again with this loss."
+            "plan's loss to parallelize(..., loss_fn=...) (none: the output is returned), or "
+            "plan again with this loss."
         )
+    mode = (
+        ""
+        if training
+        else " The model is in eval mode and computes otherwise than in training mode, "
+        "in which it was planned: evaluate it in training mode under torch.no_grad()."
+    )
     raise ValueError(
         f"the plan does not fit this model's graph: {_first_difference(traced, plan)}. Plan "
         "this exact model (same loss_fn, mm_mode, param_dtype and input shapes and dtypes) "
-        "and apply that plan."
+        f"and apply that plan.{mode}"
     )
 
 
@@ -161,29 +180,61 @@ def _first_difference(traced: TracedGraph, plan: Plan) -> str:
     return "every node has the planned op, but a shape, dtype or argument differs"
 
 
-class _JointStep(torch.autograd.Function):
-    """Runs the whole lowered step in forward; backward hands out the computed gradients."""
+class _PlannedCall(torch.autograd.Function):
+    """The forward program in forward, the backward program in backward."""
 
     @staticmethod
     def forward(
-        ctx: Any, step: LoweredStep, n_params: int, n_buffers: int, *tensors: Any
-    ) -> torch.Tensor:
-        params, rest = tensors[:n_params], tensors[n_params:]
-        local = [x.to_local() for x in tensors]
-        loss, grads = step.run(
-            local[:n_params], local[n_params : n_params + n_buffers], local[n_params + n_buffers :]
+        ctx: Any, step: LoweredStep, mesh: DeviceMesh, n_params: int, *tensors: DTensor
+    ) -> tuple[DTensor, ...]:
+        outs, saved = step.run_forward([x.to_local() for x in tensors])
+        ctx.step, ctx.mesh, ctx.saved = step, mesh, saved
+        ctx.params, ctx.n_rest = tensors[:n_params], len(tensors) - n_params
+        results = _place_outputs(step, mesh, outs)
+        ctx.mark_non_differentiable(
+            *(r for r, o in zip(results, step.outputs, strict=True) if not o.differentiable)
         )
-        ctx.grads = [
-            _like(grads.get(fqn), p) for fqn, p in zip(step.param_fqns, params, strict=True)
-        ]
-        ctx.n_rest = len(rest)
-        return loss
+        return results
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
-        scale = float(grad_loss)
-        grads = [g if g is None or scale == 1.0 else g * scale for g in ctx.grads]
-        return (None, None, None, *grads, *([None] * ctx.n_rest))
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grad_outs: Any) -> tuple[Any, ...]:
+        step: LoweredStep = ctx.step
+        tangents = [
+            _cotangent(g, o, ctx.mesh)
+            for g, o in zip(grad_outs, step.outputs, strict=True)
+            if o.differentiable
+        ]
+        grads = step.run_backward(ctx.saved, tangents)
+        ctx.saved = None  # the activations go as soon as the backward is done with them
+        params = [_like(grads.get(f), p) for f, p in zip(step.param_fqns, ctx.params, strict=True)]
+        return (None, None, None, *params, *([None] * ctx.n_rest))
+
+
+def _place_outputs(
+    step: LoweredStep, mesh: DeviceMesh, outs: Sequence[torch.Tensor]
+) -> tuple[DTensor, ...]:
+    return tuple(
+        DTensor.from_local(x, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride)
+        for x, o in zip(outs, step.outputs, strict=True)
+    )
+
+
+def _cotangent(grad: Any, out: OutputSpec, mesh: DeviceMesh) -> torch.Tensor:
+    """An output's gradient as the backward program's cotangent shard.
+
+    It is expected where the plan priced its arrival (the output's placement, a partial
+    sum's as replicated); one computed elsewhere is moved there (outside the plan), one
+    that never came (the output did not reach the loss) is zero.
+    """
+    where = arrival(out.placements)
+    if grad is None:
+        return torch.zeros(local_shape(out.shape, mesh, where), dtype=out.dtype)
+    if not isinstance(grad, DTensor):  # a full gradient: every rank holds all of it
+        grad = DTensor.from_local(grad, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    if tuple(grad.placements) != where:
+        grad = grad.redistribute(mesh, where)
+    return grad.to_local().contiguous()
 
 
 def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
@@ -196,20 +247,26 @@ def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
     )  # fmt: skip
 
 
-def _planned_forward(self: nn.Module, *args: Any) -> torch.Tensor:
+def _planned_forward(self: nn.Module, *args: Any) -> Any:
     state: PlannedState = self._autoplan_state
     inputs = state.inputs(args)
-    params = dict(self.named_parameters())
-    buffers = dict(self.named_buffers())
     # the trace's order: trainable parameters, then every buffer (trace_joint)
-    ps = [p for p in params.values() if p.requires_grad]
-    bs = list(buffers.values())
-    step = state.step(self, ps, bs, inputs)
-    return _JointStep.apply(step, len(ps), len(bs), *ps, *bs, *inputs)
+    ps = [p for p in self.parameters() if p.requires_grad]
+    bs = list(self.buffers())
+    step, traced = state.step(self, ps, bs, inputs)
+    if torch.is_grad_enabled() and self.training:
+        outs = _PlannedCall.apply(step, state.mesh, len(ps), *ps, *bs, *inputs)
+    else:  # forward only: nothing saved, no backward
+        local = [x.to_local() for x in (*ps, *bs, *inputs)]
+        outs = _place_outputs(step, state.mesh, step.run_inference(local))
+    if state.loss_fn is not None:
+        return outs[0].full_tensor()  # the loss as a plain tensor (replicated: no collective)
+    return traced.unflatten(outs)
 
 
 def _autoplan_graphs(self: nn.Module) -> dict[tuple[Any, ...], LoweredStep]:
-    """The lowered step of each input shape run so far; ``print`` one to read its graph."""
+    """The lowered step of each input shape (and mode) run so far, keyed by the inputs'
+    shapes and dtypes and ``"train"`` or ``"eval"``; ``print`` one to read its programs."""
     return dict(self._autoplan_state.steps)
 
 

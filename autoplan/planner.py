@@ -116,7 +116,8 @@ def plan(
 
     ``input_placements`` fixes the placements of the model's inputs (one
     entry per input; ``None`` leaves one free); ``output_placements`` fixes
-    the loss's placement (a list of one). ``pins`` fixes the placement of
+    the placement of each output tensor (in the forward's pytree order; the loss's alone
+    when ``loss_fn`` puts a loss inside the graph). ``pins`` fixes the placement of
     parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
     Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
@@ -179,7 +180,7 @@ def _plan_traced(
     table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
     done()
     allowed = _constrain(table, traced.inputs, input_placements, "input_placements")
-    allowed |= _constrain(table, [traced.loss], output_placements, "output_placements")
+    allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
     pinned = resolve_pins(traced, table, pins)
     for node, mask in pinned.items():
         if node in allowed and not (allowed[node] & mask).any():

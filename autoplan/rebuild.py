@@ -185,7 +185,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     # The planner keeps every constrained node out of merging and tying: do the same,
     # so the groups and twins here are the ones it solved.
     pinned = set(resolve_pins(traced, table, run.pins))
-    keep = set(traced.inputs) | pinned | ({traced.loss} if run.output_placements else set())
+    keep = set(traced.inputs) | pinned | (set(traced.outputs) if run.output_placements else set())
     if config.collapse_followers:
         reduction = collapse_followers(table, costs, keep=keep)
         for v, (r, mapping) in reduction.roots.items():

@@ -14,7 +14,7 @@ Schema::
                optimizer_states, collapse_followers, cluster_layers, untie_under_budget,
                prune_dominated, reduced_cost_fixing, routes}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
-    constraints: {output_placements: ["RR"],                         # the loss's placement
+    constraints: {output_placements: ["RR"],                         # per output tensor
                   pin: {layers.0.attention.wq.weight: "S(0)S(0)", einsum_default: "S(0)R"}}
 """
 

@@ -3,9 +3,15 @@
 Input: an ``nn.Module`` (its parameters may live on the meta device) and a
 function returning the global example inputs. Output: a :class:`TracedGraph`,
 an aten-level ``torch.fx.GraphModule`` whose placeholders are the parameters,
-buffers and inputs, and whose outputs are the loss and one gradient per
-parameter, with ``meta["val"]`` (a fake tensor: shape, dtype, stride) on every
-node.
+buffers, inputs and one cotangent per differentiable output, and whose outputs are
+the model's output tensors and one gradient per parameter, with ``meta["val"]`` (a
+fake tensor: shape, dtype, stride) on every node. Given a ``loss_fn``, the one output
+is the loss and its cotangent a scalar.
+
+Why the cotangent is an input rather than a loss inside: the applied module returns
+the model's own output and any loss computed outside drives its backward (what
+AOTAutograd does); the graph is then split into a forward and a backward program, and
+the values the backward reads from the forward are the activations to keep.
 
 Why this way: a plain ``make_fx`` of ``functional_call`` + ``autograd.grad``
 traces LLaMA3-8B's 32 layers in seconds with no real memory (the dynamo +
@@ -46,10 +52,12 @@ from autoplan.strategies.dtensor import (
     FakeTensor,
     FakeTensorMode,
     isolated_trace,
+    pytree,
     use_lazy_graph_module,
 )
 
 LossFn = Callable[[Any], torch.Tensor]
+TANGENT_PREFIX = "ts_"  # step(ps, bs, xs, ts): make_fx names cotangents ts_1, ts_2, ...
 # Every SDPA backend enabled, as by default. A caller's ``sdpa_kernel(SDPBackend.MATH)``
 # would otherwise make attention trace as its unfused math decomposition (a causal mask
 # from ones/tril, scaled matmuls), so apply's re-trace under it would not match the plan.
@@ -57,19 +65,22 @@ _DEFAULT_SDPA = [b for name, b in SDPBackend.__members__.items() if name != "ERR
 
 
 def mean_loss(output: Any) -> torch.Tensor:
-    """Default loss: the mean of the (first) output, in float32."""
+    """A loss for checks: the mean of the (first) output, in float32."""
     out = output[0] if isinstance(output, (tuple, list)) else output
     return out.float().mean()
 
 
-DEFAULT_LOSS = "mean"  # the name a plan records for mean_loss
+NO_LOSS = "none"  # the name a plan records when the output is returned (no loss inside)
+MEAN_LOSS = "mean"  # the name a plan records for mean_loss
 
 
 def loss_name(loss_fn: LossFn | None) -> str:
     """The name a plan records for the loss it was made with (for messages; the graph's
     fingerprint is what decides whether a plan fits)."""
-    if loss_fn is None or loss_fn is mean_loss:
-        return DEFAULT_LOSS
+    if loss_fn is None:
+        return NO_LOSS
+    if loss_fn is mean_loss:
+        return MEAN_LOSS
     name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__qualname__
     return f"{getattr(loss_fn, '__module__', None) or '?'}.{name}"
 
@@ -81,8 +92,11 @@ class TracedGraph:
     ``params`` / ``buffers`` / ``inputs`` list placeholder node names in order;
     ``param_fqns`` the parameter names they stand for; ``grads`` maps a
     parameter FQN to the output node holding its gradient (absent when the
-    parameter gets no gradient); ``loss`` is the loss node's name and ``loss_name`` the
-    loss function's (:func:`loss_name`).
+    parameter gets no gradient). ``outputs`` are the nodes of the model's output
+    tensors in pytree order (the loss alone when traced with a ``loss_fn``);
+    ``tangents`` maps the index of each differentiable output to its cotangent's
+    placeholder; ``out_spec`` and ``out_leaves`` rebuild the output's structure
+    (:meth:`unflatten`); ``loss_name`` names the loss (:func:`loss_name`).
     """
 
     gm: fx.GraphModule
@@ -92,13 +106,25 @@ class TracedGraph:
     buffers: tuple[str, ...]
     inputs: tuple[str, ...]
     grads: dict[str, str]
-    loss: str
+    outputs: tuple[str, ...]
+    tangents: dict[int, str]
     trace_seconds: float
-    loss_name: str = DEFAULT_LOSS
+    loss_name: str = NO_LOSS
+    out_spec: pytree.TreeSpec | None = None
+    # the output's pytree leaves, ``None`` where an output tensor goes (in order)
+    out_leaves: tuple[Any, ...] = ()
 
     @property
     def num_nodes(self) -> int:
         return len(self.gm.graph.nodes)
+
+    def unflatten(self, tensors: Sequence[Any]) -> Any:
+        """The model's output structure with ``tensors`` (one per output) in it."""
+        if self.out_spec is None:
+            return tensors[0]
+        it = iter(tensors)
+        leaves = [next(it) if leaf is None else leaf for leaf in self.out_leaves]
+        return pytree.tree_unflatten(leaves, self.out_spec)
 
     def node(self, name: str) -> fx.Node:
         for n in self.gm.graph.nodes:
@@ -135,15 +161,16 @@ def trace_joint(
     loss_fn: LossFn | None = None,
     param_dtype: torch.dtype | None = None,
 ) -> TracedGraph:
-    """Trace ``loss_fn(model(*input_fn()))`` and its gradients into one aten graph.
+    """Trace ``model(*input_fn())`` and its backward into one aten graph.
 
-    No real memory is used: parameters, buffers and inputs become fake tensors
-    of the same shape, dtype and stride. ``input_fn`` is called under the fake
-    mode, so ``torch.randint(...)`` in it allocates nothing either.
-    ``param_dtype`` traces floating parameters in that dtype, as FSDP2's
-    ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
+    The backward starts from one cotangent input per differentiable output tensor;
+    with ``loss_fn`` the graph computes ``loss_fn(model(*inputs))`` and its one output
+    is the loss (its cotangent a scalar input). No real memory is used: parameters,
+    buffers and inputs become fake tensors of the same shape, dtype and stride.
+    ``input_fn`` is called under the fake mode, so ``torch.randint(...)`` in it
+    allocates nothing either. ``param_dtype`` traces floating parameters in that
+    dtype, as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
     """
-    given_loss, loss_fn = loss_fn, loss_fn or mean_loss
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -156,43 +183,73 @@ def trace_joint(
         inputs = _example_inputs(input_fn)
     inputs = tuple(mode.from_tensor(x) if not _is_fake(x) else x for x in inputs)
 
-    def step(
+    def forward(
         ps: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+    ) -> tuple[list[Any], pytree.TreeSpec | None]:
+        """The output's pytree leaves and structure (the loss alone under ``loss_fn``)."""
         state = dict(zip(param_fqns, ps, strict=True)) | dict(zip(buffer_fqns, bs, strict=True))
         if param_dtype is not None:  # FSDP2 casts floating inputs too (cast_forward_inputs)
             xs = [x.to(param_dtype) if x.is_floating_point() else x for x in xs]
-        loss = loss_fn(functional_call(model, state, tuple(xs)))
-        grads = torch.autograd.grad(loss, list(ps), allow_unused=True)
-        return loss, grads
+        out = functional_call(model, state, tuple(xs))
+        if loss_fn is not None:
+            return [loss_fn(out)], None
+        return pytree.tree_flatten(out)
+
+    def step(
+        ps: Sequence[torch.Tensor],
+        bs: Sequence[torch.Tensor],
+        xs: Sequence[torch.Tensor],
+        ts: Sequence[torch.Tensor],
+    ) -> tuple[list[torch.Tensor], tuple[torch.Tensor | None, ...]]:
+        outs = [x for x in forward(ps, bs, xs)[0] if isinstance(x, torch.Tensor)]
+        diff = [outs[i] for i in differentiable]
+        grads = torch.autograd.grad(diff, list(ps), list(ts), allow_unused=True)
+        return outs, grads
 
     # A lazy GraphModule only generates and compiles its Python code when ``.code`` or
-    # ``forward`` is first used; no stage does (they walk ``gm.graph``). Codegen +
-    # ``exec`` takes 0.38 s on 8B 32 layers and was paid twice: make_fx builds the
-    # module with ``_lazy_graph_module._make_graph_module`` (which honours this flag),
-    # then ``recompile`` after DCE. The flag is restored on exit.
+    # ``forward`` is first used; no stage does (they walk ``gm.graph``). make_fx builds
+    # the module with ``_lazy_graph_module._make_graph_module`` (which honours this
+    # flag), then ``recompile`` after DCE would generate it a second time. The flag is
+    # restored on exit.
     with _paused_gc(), use_lazy_graph_module(True), sdpa_kernel(_DEFAULT_SDPA):
         with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
-            gm = make_fx(step)(params, buffers, list(inputs))
+            # A first forward on fake tensors, untraced: the output's structure, and which
+            # output tensors carry a gradient, so that their cotangents can be inputs.
+            leaves, spec = forward(params, buffers, inputs)
+            outs = [x for x in leaves if isinstance(x, torch.Tensor)]
+            differentiable = [i for i, x in enumerate(outs) if x.requires_grad]
+            if not differentiable:
+                raise ValueError(
+                    f"no output of {type(model).__name__} depends on a trainable parameter, "
+                    "so there is no backward to plan; return the model's floating output "
+                    "(or pass loss_fn=...)."
+                )
+            tangents = [torch.empty_like(outs[i]) for i in differentiable]
+            gm = make_fx(step)(params, buffers, list(inputs), tangents)
         gm.graph.eliminate_dead_code()
         gm.recompile()
     trace_seconds = time.perf_counter() - start
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    num_p, num_b = len(params), len(buffers)
+    num_p, num_b, num_x = len(params), len(buffers), len(inputs)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    loss_node, grad_nodes = _flatten_outputs(out_node.args[0])
+    flat = list(out_node.args[0])  # make_fx flattens (outs, grads) into [*outs, *grads]
+    out_nodes, grad_nodes = flat[: len(outs)], flat[len(outs) :]
     grads = {fqn: g.name for fqn, g in zip(param_fqns, grad_nodes, strict=True) if g is not None}
+    tangent_names = placeholders[num_p + num_b + num_x :]
     return TracedGraph(
         gm=gm,
         param_fqns=param_fqns,
         buffer_fqns=buffer_fqns,
         params=tuple(placeholders[:num_p]),
         buffers=tuple(placeholders[num_p : num_p + num_b]),
-        inputs=tuple(placeholders[num_p + num_b :]),
+        inputs=tuple(placeholders[num_p + num_b : num_p + num_b + num_x]),
         grads=grads,
-        loss=loss_node.name,
+        outputs=tuple(n.name for n in out_nodes),
+        tangents=dict(zip(differentiable, tangent_names, strict=True)),
         trace_seconds=trace_seconds,
-        loss_name=loss_name(given_loss),
+        loss_name=loss_name(loss_fn),
+        out_spec=spec,
+        out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
     )
 
 
@@ -217,8 +274,3 @@ def _paused_gc() -> Iterator[None]:
 
 def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
-
-
-def _flatten_outputs(out: Any) -> tuple[fx.Node, list[fx.Node | None]]:
-    flat = list(out)  # make_fx flattens (loss, grads) into [loss, *grads]
-    return flat[0], flat[1:]

@@ -7,11 +7,11 @@ group, so rank 0 plans in a spawned child process and broadcasts the plan as JSO
 also trains a single-device copy of the model on the same batches and prints, per step,
 the parallel loss and its difference from the single-device loss.
 
-The parallelized model runs the planned joint forward+backward graph and returns the
-plan's loss: the mean of the logits, the loss the planner traces by default (a
-correctness check, not a language-modelling objective; pass ``loss_fn`` to
-``autoplan.plan`` for another). Each step also counts the collectives that ran and
-prints them beside the ones the plan priced.
+The parallelized model runs the planned forward program and returns the logits as a
+DTensor in the plan's output placement; the cross-entropy on them (labels placed like
+the tokens) is computed outside, as any loss would be, and its ``backward()`` runs the
+planned backward program. Each step also counts the collectives the two programs ran
+and prints them beside the ones the plan priced.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 
-from autoplan.apply import input_placements, parallelize, shard_inputs
+from autoplan.apply import parallelize, shard_inputs
 from autoplan.execute import collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.plan import Plan
@@ -46,11 +48,15 @@ def make_plan_json() -> str:
         lambda: torch.randint(0, 128, (BATCH, SEQ)),
         autoplan.fake_mesh(MESH_SHAPE, AXES),
         input_placements=[INPUT_PLACEMENT],
-        output_placements=["RR"],  # a replicated loss, so printing it costs nothing unpriced
         # CBC (the default) plans this budgeted ILP in about 4 s here, HiGHS in 10 s (2 cores).
         config=autoplan.PlanConfig(memory_budget_gib=MEMORY_BUDGET_GIB),
     )
     return plan.to_json()
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token-style cross-entropy over every position (batch and sequence flattened)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
 def main() -> None:
@@ -82,18 +88,28 @@ def main() -> None:
     data = torch.Generator().manual_seed(1)
     for step in range(STEPS):
         tokens = torch.randint(0, 128, (BATCH, SEQ), generator=data)  # same batch on every rank
-        (sharded,) = shard_inputs(tokens, input_placements(plan), mesh)
+        labels = torch.randint(0, 128, (BATCH, SEQ), generator=data)
+        (sharded,) = shard_inputs(tokens, [INPUT_PLACEMENT], mesh)
+        # every rank holds the whole batch's labels: replicated, DTensor slices them locally
+        # to wherever the plan put the logits (no communication)
+        placed_labels = DTensor.from_local(labels, mesh, [Replicate()] * mesh.ndim)
         with CommDebugMode() as comm:
-            loss = model(sharded.to_local())  # each rank passes its local shard
+            logits = model(sharded.to_local())  # each rank passes its local shard
+            counted = comm.get_comm_counts()  # the forward program's collectives
+        # the loss on the logits DTensor, as a plain replicated tensor: DTensor reduces it
+        # (its own collectives, outside the plan's and not counted)
+        loss = cross_entropy(logits, placed_labels).full_tensor()
+        with CommDebugMode() as comm:
             loss.backward()
+            counted = {k: v + comm.get_comm_counts().get(k, 0) for k, v in counted.items()}
         opt.step()
         opt.zero_grad()
         if ref is not None:
-            ref_loss = ref(tokens).float().mean()
+            ref_loss = cross_entropy(ref(tokens), labels)
             ref_loss.backward()
             ref_opt.step()
             ref_opt.zero_grad()
-            ran = collective_counts(comm.get_comm_counts())
+            ran = collective_counts(counted)
             print(
                 f"step {step}  loss {loss.item():+.8f}  one device {ref_loss.item():+.8f}  "
                 f"diff {abs(loss.item() - ref_loss.item()):.2e}  collectives {ran}",

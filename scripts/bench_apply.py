@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from results_md import RESULTS, write_section  # scripts/results_md.py (the script's folder)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -103,7 +104,6 @@ def _plan(case: str, mm_mode: str = "einsum") -> Plan:
         autoplan.fake_mesh(shape, names),
         config=autoplan.PlanConfig(solver="highs", topology=CPU, mm_mode=mm_mode),
         input_placements=[placement],
-        output_placements=["R" * len(shape)],
         pins=_pins(case, model),
     )
 
@@ -125,6 +125,12 @@ def _baseline(case: str, model: torch.nn.Module, mesh) -> torch.nn.Module:
     return fully_shard(model, mesh=mesh["dp"])
 
 
+def _loss(logits: torch.Tensor) -> torch.Tensor:
+    """The step's loss: the mean of the logits (of this rank's rows for the wrappers; of
+    the planned output DTensor, reduced by DTensor, for the parallelized model)."""
+    return logits.float().mean()
+
+
 def _timed(step, steps: int, warmup: int) -> tuple[float, float]:
     """Median step time (the slowest rank's, in ms) and the first step's loss."""
     times, first = [], None
@@ -134,7 +140,8 @@ def _timed(step, steps: int, warmup: int) -> tuple[float, float]:
         loss = step()
         elapsed = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        first = float(loss) if first is None else first
+        if first is None:  # after the clock: a DTensor loss is reduced for printing only
+            first = float(loss.full_tensor() if isinstance(loss, DTensor) else loss)
         if i >= warmup:
             times.append(float(elapsed) * 1e3)
     return statistics.median(times), first
@@ -171,7 +178,7 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
             opt = torch.optim.SGD(base.parameters(), lr=0.01)
             row = {}
             row["base_ms"], local_loss = _timed(
-                _sgd_step(base, opt, lambda b=base, x=x_local: b(x).float().mean()), **opts
+                _sgd_step(base, opt, lambda b=base, x=x_local: _loss(b(x))), **opts
             )
             # the wrappers' loss is this rank's rows' mean: the global one is the ranks' mean
             total = torch.tensor([local_loss])
@@ -182,13 +189,12 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
                 pm = parallelize(Transformer(ARGS), plan, mesh, compile=compiled)
                 opt = torch.optim.SGD(pm.parameters(), lr=0.01)
                 start = time.perf_counter()
-                first = pm(x_local)  # traces and lowers (and compiles) once
-                first.backward()
+                _loss(pm(x_local)).backward()  # traces and lowers (and compiles) once
                 pm.zero_grad(set_to_none=True)
                 key = "compiled" if compiled else "eager"
                 row[f"{key}_first_s"] = time.perf_counter() - start
                 row[f"{key}_ms"], row[f"{key}_loss"] = _timed(
-                    _sgd_step(pm, opt, lambda p=pm, x=x_local: p(x)), **opts
+                    _sgd_step(pm, opt, lambda p=pm, x=x_local: _loss(p(x))), **opts
                 )
             rows[case] = row
             if rank == 0:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
@@ -69,6 +69,7 @@ def _plan(
     mm_mode: str = "einsum",
     pins=None,
     loss_fn=None,
+    output_placement: str | None = None,
     **config,
 ) -> Plan:
     build, input_fn = MODELS[kind]
@@ -80,7 +81,10 @@ def _plan(
         autoplan.fake_mesh(shape, names),
         config=autoplan.PlanConfig(memory_budget_gib=budget_gib, mm_mode=mm_mode, **config),
         input_placements=[input_placement],
-        output_placements=["R" * len(shape)],  # a replicated loss: nothing unpriced to log it
+        # a loss inside the graph is replicated: nothing unpriced to read it
+        output_placements=(
+            ["R" * len(shape)] if loss_fn is not None else output_placement and [output_placement]
+        ),
         pins=pins,
         loss_fn=loss_fn,
     )
@@ -95,66 +99,122 @@ def _close(a: torch.Tensor, b: torch.Tensor, loose: bool = False) -> tuple[bool,
 
 
 def square_loss(out: torch.Tensor) -> torch.Tensor:
-    """A loss other than the default mean: never negative, so a mix-up shows."""
+    """A loss inside the graph, other than the mean: never negative, so a mix-up shows."""
     return out.float().pow(2).mean()
 
 
-LOSSES = {"mean": None, "square": square_loss}
+def _mean(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return out.float().mean()
+
+
+def _cross_entropy(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+# How a case computes its loss: outside the parallelized model, from its returned output
+# (and labels), or inside the planned graph (the plan's loss_fn).
+OUTSIDE = {"mean": _mean, "ce": _cross_entropy}
+INSIDE = {"square": square_loss}
 
 
 def _check_case(kind: str, plan: Plan, mesh, loss: str = "mean", compile: bool = False) -> dict:
-    """One case on this rank: loss, gradients, collectives and one SGD step vs one device."""
+    """One case on this rank: loss, gradients, collectives, one AdamW step and the forward
+    alone (under no_grad) vs one device."""
     build, input_fn = MODELS[kind]
-    loss_fn = LOSSES[loss]
     torch.manual_seed(0)
     model = build()
     torch.manual_seed(1)
     x = input_fn()
+    labels = torch.randint(0, 128, (x.shape[0], x.shape[1]))
     ref = copy.deepcopy(model)
-    ref_loss = (loss_fn or (lambda out: out.float().mean()))(ref(x))
+    ref_out = ref(x)
+    ref_loss = INSIDE[loss](ref_out) if loss in INSIDE else OUTSIDE[loss](ref_out, labels)
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
-    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    # AdamW's first step is about lr * sign(grad): a gradient near zero may flip sign between
+    # the two runs, so the learning rate is kept small enough for atol to cover it
+    torch.optim.AdamW(ref.parameters(), lr=1e-3).step()
 
-    pmodel = parallelize(model, plan, mesh, loss_fn=loss_fn, compile=compile)
+    pmodel = parallelize(model, plan, mesh, loss_fn=INSIDE.get(loss), compile=compile)
     placed = {n: fmt(p.placements) for n, p in pmodel.named_parameters()}
-    (local,) = shard_inputs(x, input_placements(plan), mesh)
+    local, local_labels = shard_inputs((x, labels), [input_placements(plan)[0]] * 2, mesh)
+
+    def step() -> torch.Tensor:
+        out = pmodel(local.to_local())
+        return out if loss in INSIDE else OUTSIDE[loss](out, local_labels)
+
     # The first call traces, here inside a user's debug mode (its hooks must not leak into
     # the trace). A compiled step runs outside any dispatch mode (Dynamo would not compile
     # under one), so its collectives are checked in the lowered graph only.
     debug = contextlib.nullcontext if compile else CommDebugMode
     with debug():
-        pmodel(local.to_local()).backward()
+        step().backward()
     pmodel.zero_grad()
     with debug() as comm:
-        loss = pmodel(local.to_local())
-        loss.backward()
+        loss_value = step()
+        loss_value.backward()
+    executed = collective_counts(comm.get_comm_counts()) if comm else None
+    if executed is not None and loss in OUTSIDE:  # the planned steps' own: less the loss's
+        for kind, n in _loss_collectives(pmodel(local.to_local()), loss, local_labels).items():
+            executed[kind] -= n
+        executed = {kind: n for kind, n in executed.items() if n}
+    if isinstance(loss_value, DTensor):
+        loss_value = loss_value.full_tensor()
     grads = full_gradients(pmodel)
-    torch.optim.SGD(pmodel.parameters(), lr=0.1).step()
+    with torch.no_grad():
+        alone = pmodel(local.to_local())
+    alone_full = alone.full_tensor() if isinstance(alone, DTensor) else alone
+    torch.optim.AdamW(pmodel.parameters(), lr=1e-3).step()
     stepped = {n: p.full_tensor() for n, p in pmodel.named_parameters()}
     ref_params = dict(ref.named_parameters())
-    (lowered,) = pmodel.autoplan_graphs().values()
+    lowered = pmodel.autoplan_graphs()
+    (train,) = [s for k, s in lowered.items() if k[-1] == "train"]
     loose = plan.config.get("param_dtype") is not None
     return {
         "placed": placed,
         "dtypes": sorted(
             {str(p.dtype) for p in pmodel.parameters()} | {str(g.dtype) for g in grads.values()}
         ),
-        "loss": _close(loss.detach(), ref_loss.detach(), loose),
+        "loss": _close(loss_value.detach(), ref_loss.detach(), loose),
         "grads": {n: _close(g, ref_grads[n], loose) for n, g in grads.items()},
         "missing_grads": sorted(set(ref_grads) - set(grads)),
         "sgd": {n: _close(w.detach(), ref_params[n].detach(), loose) for n, w in stepped.items()},
-        "executed": collective_counts(comm.get_comm_counts()) if comm else None,
+        "forward_only": {
+            "output": _close(alone_full, ref_loss if loss in INSIDE else ref_out, loose),
+            "requires_grad": alone.requires_grad,
+        },
+        "executed": executed,
         "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
-        "deviations": list(lowered.deviations),
+        "deviations": list(train.deviations),
         "lowered": {
-            "collectives": lowered.collectives(),
+            "collectives": train.collectives(),
             "dtensor_ops": [
-                str(n.target) for n in lowered.gm.graph.nodes if "DTensor" in str(n.target)
+                str(n.target)
+                for gm in (train.forward, train.backward)
+                for n in gm.graph.nodes
+                if "DTensor" in str(n.target)
             ],
-            "loss": float(loss),
+            "loss": float(loss_value),
+            "activation_bytes": train.activation_bytes,
+            "saved": [
+                [s.what, list(s.shape), str(s.dtype), s.nbytes]
+                for s in train.saved
+                if s.what == "activation"
+            ],
         },
     }
+
+
+def _loss_collectives(out: DTensor, loss: str, labels: DTensor) -> dict[str, int]:
+    """The collectives a loss computed outside runs by itself, forward and backward, on an
+    output placed as the model returns it."""
+    leaf = DTensor.from_local(
+        out.to_local().detach().requires_grad_(), out.device_mesh, out.placements,
+        shape=out.shape, stride=out.stride(),
+    )  # fmt: skip
+    with CommDebugMode() as comm:
+        OUTSIDE[loss](leaf, labels).backward()
+    return collective_counts(comm.get_comm_counts())
 
 
 def _check_meta(mesh) -> dict:
@@ -243,12 +303,15 @@ def _assert_matches(result: dict, plan: Plan) -> None:
     bad = {n: d for n, (ok, d) in result["grads"].items() if not ok}
     assert not bad, f"gradients differ (max abs diff): {bad}"
     bad = {n: d for n, (ok, d) in result["sgd"].items() if not ok}
-    assert not bad, f"weights after one SGD step differ (max abs diff): {bad}"
+    assert not bad, f"weights after one AdamW step differ (max abs diff): {bad}"
     assert result["deviations"] == [], "DTensor placed outputs other than planned"
     priced = {kind: int(c["count"]) for kind, c in plan.comm.items()}
     if result["executed"] is not None:
         assert result["executed"] == priced, "executed collectives differ from the priced ones"
     assert result["lowered"]["collectives"] == priced, "the lowered graph's collectives differ"
+    assert result["lowered"]["dtensor_ops"] == []
+    assert result["forward_only"]["output"][0], "the forward alone differs from one device"
+    assert not result["forward_only"]["requires_grad"]
 
 
 def _spawn_cases(
@@ -281,7 +344,15 @@ def mlp_plans() -> dict[str, tuple[str, Plan]]:
         # tp spans two nodes, cp stays inside one: S(0)R moves detour through S(0)S(0)
         "routes": (
             "mlp",
-            _plan("mlp", (2, 2), ("tp", "cp"), "S(0)R", topology=TWO_PER_NODE, solver="highs"),
+            _plan(
+                "mlp",
+                (2, 2),
+                ("tp", "cp"),
+                "S(0)R",
+                output_placement="RR",
+                topology=TWO_PER_NODE,
+                solver="highs",
+            ),
         ),
         "bf16": (
             "mlp",
@@ -313,7 +384,7 @@ def mlp_results(mlp_plans, tmp_path_factory) -> dict:
 
 def test_plan_with_its_own_loss_runs_that_loss(mlp_plans, mlp_results):
     """A plan made with loss_fn=square_loss, saved as JSON and loaded, runs with that loss
-    when parallelize is given it: loss, grads, SGD and collectives match one device."""
+    when parallelize is given it: loss, grads, AdamW and collectives match one device."""
     plan = mlp_plans["square"][1]
     assert plan.loss_fn == "tests.test_apply.square_loss"
     result = mlp_results["square"]
@@ -339,7 +410,7 @@ def test_plan_made_with_another_loss_is_refused(mlp_plans, tmp_path):
     mesh = autoplan.fake_mesh((WORLD,), ("dp",))
     x = torch.randn(4, 32, 64)  # a rank's shard of the planned (16, 32, 64) batch
     with pytest.raises(ValueError, match=r"made with loss_fn=tests\.test_apply\.square_loss.*"
-                       r"loss_fn=mean"):  # fmt: skip
+                       r"loss_fn=none"):  # fmt: skip
         parallelize(_mlp(), plan, mesh)(x)
     # the same loss name on another graph: the first node the plan lacks is named
     other = dataclasses.replace(mlp_plans["ddp"][1], loss_fn=plan.loss_fn)
@@ -348,14 +419,22 @@ def test_plan_made_with_another_loss_is_refused(mlp_plans, tmp_path):
 
 
 def test_mlp_fsdp_like_plan_matches_one_device(mlp_plans, mlp_results):
-    """A memory-tight plan shards every MLP weight; loss, grads, collectives and SGD match."""
+    """A memory-tight plan shards every MLP weight; loss, grads, collectives and AdamW match."""
     result = mlp_results["fsdp"]
     assert all(p.startswith("S(") for p in result["placed"].values()), result["placed"]
     _assert_matches(result, mlp_plans["fsdp"][1])
 
 
+def test_forward_program_lists_what_it_saves_for_the_backward(mlp_results):
+    """The saved activations are listed with their local shape, dtype and bytes per rank:
+    on the DDP-like plan (batch 16 split 4 ways) the gelu input of each layer, (4, 32, 256)."""
+    saved = mlp_results["ddp"]["lowered"]["saved"]
+    assert saved.count(["activation", [4, 32, 256], "torch.float32", 4 * 32 * 256 * 4]) >= 2
+    assert sum(s[3] for s in saved) == mlp_results["ddp"]["lowered"]["activation_bytes"]
+
+
 def test_mlp_ddp_like_plan_matches_one_device(mlp_plans, mlp_results):
-    """With no budget every MLP weight is replicated; loss, grads, collectives and SGD match."""
+    """With no budget every MLP weight is replicated; loss, grads, collectives and AdamW match."""
     result = mlp_results["ddp"]
     assert set(result["placed"].values()) == {"R"}, result["placed"]
     assert result["executed"].get("all_reduce", 0) >= 4  # one gradient all-reduce per weight
@@ -364,7 +443,7 @@ def test_mlp_ddp_like_plan_matches_one_device(mlp_plans, mlp_results):
 
 def test_plan_with_routes_runs_each_hop_and_matches_one_device(mlp_plans, mlp_results):
     """A plan whose moves detour through other placements runs them hop by hop: loss, grads,
-    SGD and the collectives priced for every hop match."""
+    AdamW and the collectives priced for every hop match."""
     plan = mlp_plans["routes"][1]
     assert plan.routes, "the case no longer exercises routes"
     _assert_matches(mlp_results["routes"], plan)
@@ -410,7 +489,8 @@ LLAMA_PINS = {
 
 def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
     """Tiny LLaMA on (dp=2, tp=2) with sharded weights, einsum and native mm plans, on 4 gloo
-    processes: loss, every gradient, one SGD step and the collectives match the plan."""
+    processes, its logits returned and a cross-entropy with labels computed from them:
+    loss, every gradient, one AdamW step, the forward alone and the collectives match."""
     plans = {
         mode: (
             "llama",
@@ -426,7 +506,7 @@ def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
         )
         for mode in ("einsum", "native")
     }
-    results = _spawn_cases(tmp_path, plans)
+    results = _spawn_cases(tmp_path, plans, losses={mode: "ce" for mode in plans})
     for mode, (_, plan) in plans.items():
         assert plan.status == "optimal", plan.message
         assert results[mode]["placed"]["layers.1.attention.wo.weight"] == "RS(1)"
@@ -449,7 +529,13 @@ def test_native_plans_on_strided_shards_match_one_device(tmp_path):
     """Native plans on strided shards match one device with the priced collectives, no deviation."""
     # pinned to S(0)_S(0,2): strided mms forward and backward, a route out of a strided layout
     pinned = _plan(
-        "mlp_b4", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)_S(0,2)"}
+        "mlp_b4",
+        (2, 2),
+        ("dp", "cp"),
+        "S(0)S(1)",
+        mm_mode="native",
+        pins={"mm": "S(0)_S(0,2)"},
+        output_placement="RR",
     )
     assert pinned.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
     assert pinned.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
@@ -490,7 +576,7 @@ def llama_plans() -> dict[str, tuple[str, Plan]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["einsum", "native"])
 def test_tiny_llama_on_2x2_follows_the_plan(mode, llama_plans, tmp_path):
-    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and SGD match."""
+    """Tiny LLaMA on (dp=2, tp=2), memory-tight: loss, grads, collectives and AdamW match."""
     plan = llama_plans[mode][1]
     assert plan.status in ("optimal", "time_limit") and plan.objective_us > 0, plan.message
     result = _spawn_cases(tmp_path, {mode: llama_plans[mode]})[mode]

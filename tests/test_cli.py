@@ -84,13 +84,13 @@ def test_collectives_json_rows(capsys):
     assert set(rows[0]) == {"op", "ranks", "nodes", "bytes", "time_us", "busbw_GBps"}
 
 
-def test_run_file_pins_and_loss_placement_reach_the_plan(tmp_path, capsys):
+def test_run_file_pins_and_output_placement_reach_the_plan(tmp_path, capsys):
     """constraints.pin and constraints.output_placements are honoured; validate lists them."""
     pinned = GOOD + 'constraints: {output_placements: ["R"], pin: {layers.0.w1.weight: "S(1)"}}\n'
     path = _run_file(tmp_path, pinned)
     assert main(["validate", path]) == 0
     shown = capsys.readouterr().out
-    assert "loss placement: R" in shown and "pins: layers.0.w1.weight=S(1)" in shown
+    assert "output placements: R" in shown and "pins: layers.0.w1.weight=S(1)" in shown
     out = tmp_path / "plan.json"
     assert main(["plan", path, "--out", str(out), "--quiet"]) == 0
     plan = Plan.load(str(out))

@@ -197,6 +197,7 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
     one-move plan, and its routes survive the JSON round trip."""
     from autoplan.models.mlp import TinyMLP
     from autoplan.plan import Plan
+    from autoplan.trace import mean_loss
 
     topology = dataclasses.replace(load_topology("h100"), gpus_per_node=2)
     with torch.device("meta"):
@@ -209,6 +210,7 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
             autoplan.fake_mesh((2, 2), ("tp", "cp")),
             config=autoplan.PlanConfig(topology=topology, routes=routes, solver="highs"),
             input_placements=["S(0)R"],
+            loss_fn=mean_loss,  # the mean's reduction is what the cross-node route saves on
         )
 
     routed, direct = plan(True), plan(False)

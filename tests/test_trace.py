@@ -15,7 +15,8 @@ from autoplan.trace import trace_joint
 
 
 def test_trace_tiny_llama_has_every_gradient_with_its_shape():
-    """Every parameter gets a gradient output of the parameter's shape; the loss is a scalar."""
+    """Every parameter gets a gradient output of the parameter's shape; the logits are the
+    one output and their cotangent a placeholder of their shape."""
     with torch.device("meta"):
         model = Transformer(tiny(2))
     tg = trace_joint(model, lambda: torch.randint(0, 128, (2, 16)))
@@ -23,7 +24,9 @@ def test_trace_tiny_llama_has_every_gradient_with_its_shape():
     assert set(tg.grads) == set(params)
     for fqn, node in tg.grads.items():
         assert tuple(tg.node(node).meta["val"].shape) == tuple(params[fqn].shape), fqn
-    assert tuple(tg.node(tg.loss).meta["val"].shape) == ()
+    (logits,) = tg.outputs
+    assert tuple(tg.node(logits).meta["val"].shape) == (2, 16, 128)
+    assert tuple(tg.node(tg.tangents[0]).meta["val"].shape) == (2, 16, 128)
     assert len(tg.params) == len(params) and len(tg.inputs) == 1
 
 
@@ -123,12 +126,12 @@ def test_lazy_codegen_trace_is_the_eager_trace():
         a.meta.get("tensor_meta") == b.meta.get("tensor_meta")
         for a, b in zip(lazy_nodes, eager_nodes, strict=True)
     )
-    assert (lazy.params, lazy.buffers, lazy.inputs, lazy.grads, lazy.loss) == (
+    assert (lazy.params, lazy.buffers, lazy.inputs, lazy.grads, lazy.outputs) == (
         eager.params,
         eager.buffers,
         eager.inputs,
         eager.grads,
-        eager.loss,
+        eager.outputs,
     )
     assert lazy.gm.code == eager.gm.code  # generated on first use
 

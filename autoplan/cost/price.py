@@ -10,7 +10,10 @@ Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
   strategy index to row/column. Grouping by placement keeps the matrices as
   small as the placements are few, which is where the ILP's size comes from.
   Gradient edges (slot ``-1``) move a parameter's gradient to the
-  parameter's own placement, as the optimizer step needs;
+  parameter's own placement, as the optimizer step needs; cotangent edges
+  (slot ``-2``) move an output's cotangent from where it arrives (the output's
+  placement, a partial sum's as replicated: a loss computed on the output in
+  place) to the placement the backward reads it in;
 * ``memory[p][i]``: bytes per device of parameter p under strategy i, counting
   the parameter, its gradient and ``optimizer_states`` tensors of its size
   (AdamW: 2).
@@ -32,10 +35,20 @@ from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.routes import Network, Router
 from autoplan.cost.topology import Topology
 from autoplan.placements import Placements
+from autoplan.strategies.dtensor import Replicate
 from autoplan.strategies.table import StrategyTable, TensorInfo
 from autoplan.trace import TracedGraph
 
 GRAD_SLOT = -1
+TANGENT_SLOT = -2
+
+
+def arrival(placements: Placements) -> Placements:
+    """Where the cotangent of an output placed ``placements`` arrives: the same shards,
+    and replicated where the output is a partial sum (its every term has that gradient)."""
+    if not any(p.is_partial() for p in placements):
+        return placements
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
 @dataclass(frozen=True)
@@ -259,4 +272,20 @@ def price(
                     tensor,
                 )
             edges.append(replace(cached, src=grad, dst=pname))
+    for index, tangent in traced.tangents.items():
+        out, t = table.nodes[traced.outputs[index]], table.nodes[tangent]
+        info = t.out_tensors[0]
+        assert info is not None
+        edges.append(
+            edge_cost(
+                pricer,
+                traced.outputs[index],
+                0,
+                tangent,
+                TANGENT_SLOT,
+                [arrival(s.outs[0]) for s in out.strategies],
+                [s.outs[0] for s in t.strategies],
+                info,
+            )
+        )
     return CostTable(compute=compute, edges=tuple(edges), memory=memory)

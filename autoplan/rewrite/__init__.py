@@ -23,8 +23,10 @@ def rewrite(traced: TracedGraph, *, mm_mode: str) -> tuple[TracedGraph, RewriteS
         raise ValueError(f"mm_mode ({mm_mode!r}) must be 'einsum' or 'native'.")
     stats = rewrite_linear_to_einsum(traced.gm)
     out = next(n for n in traced.gm.graph.nodes if n.op == "output")
-    flat = list(out.args[0])
+    flat = list(out.args[0])  # [*outputs, *grads]: the rewrite may have replaced any of them
+    n = len(traced.outputs)
     grads = {
-        fqn: g.name for fqn, g in zip(traced.param_fqns, flat[1:], strict=True) if g is not None
+        fqn: g.name for fqn, g in zip(traced.param_fqns, flat[n:], strict=True) if g is not None
     }
-    return dataclasses.replace(traced, grads=grads, loss=flat[0].name), stats
+    outputs = tuple(o.name for o in flat[:n])
+    return dataclasses.replace(traced, grads=grads, outputs=outputs), stats

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor._ops  # noqa: F401  (registers DTensor's rules)
 import torch.distributed.tensor._ops.utils as _dtensor_op_utils
+from torch._functorch.partitioners import default_partition
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
@@ -34,6 +35,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import (
     _ShardingPlaceholder,
 )
 from torch.distributed.tensor._redistribute import Redistribute
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -46,6 +48,7 @@ from torch.fx._lazy_graph_module import _force_skip_lazy_graph_module, _use_lazy
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.nn.modules import module as _module
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
@@ -75,8 +78,11 @@ __all__ = [
     "init_fake_process_group",
     "isolated_trace",
     "is_masked_partial",
+    "local_shape",
     "masked_partial_key",
     "op_strategy",
+    "partition_joint",
+    "pytree",
     "single_dim_rules",
     "tensor_meta",
     "use_lazy_graph_module",
@@ -88,6 +94,22 @@ extract_tensor_metadata = _extract_tensor_metadata
 use_lazy_graph_module = _use_lazy_graph_module
 force_eager_graph_module = _force_skip_lazy_graph_module
 aten = torch.ops.aten
+
+
+def local_shape(
+    shape: Sequence[int], mesh: DeviceMesh, placements: Sequence[Placement]
+) -> tuple[int, ...]:
+    """This rank's shard shape of a tensor of global ``shape`` placed ``placements``."""
+    return tuple(
+        compute_local_shape_and_global_offset(shape, mesh, placements, skip_offset=True)[0]
+    )
+
+
+def partition_joint(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> Any:
+    """Torch's default partitioner: split a joint graph (placeholders ``primals_*`` and
+    ``tangents_*``, nodes of the forward tagged) into forward and backward modules."""
+    return default_partition(joint, None, num_fwd_outputs=num_fwd_outputs)
+
 
 # Attention ops a CPU trace produces. DTensor has rules only for the GPU
 # kernels; the plan is for GPUs, so autoplan gives the CPU kernels the same

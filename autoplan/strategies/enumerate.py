@@ -97,6 +97,7 @@ class _Enumerator:
         self.kinds = {n: "param" for n in traced.params}
         self.kinds |= {n: "buffer" for n in traced.buffers}
         self.kinds |= {n: "input" for n in traced.inputs}
+        self.kinds |= {n: "tangent" for n in traced.tangents.values()}
 
     def run(self) -> StrategyTable:
         for node in self.traced.gm.graph.nodes:

@@ -50,7 +50,7 @@ class NodeStrategies:
 
     name: str
     op: str
-    kind: str  # "param" | "buffer" | "input" | "op"
+    kind: str  # "param" | "buffer" | "input" | "tangent" (an output's cotangent) | "op"
     inputs: tuple[InputRef, ...]
     in_tensors: tuple[TensorInfo, ...]
     out_tensors: tuple[TensorInfo | None, ...]
