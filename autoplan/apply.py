@@ -48,6 +48,7 @@ def parallelize(
     *,
     init_fn: Callable[[nn.Module], None] | None = None,
     loss_fn: LossFn | None = None,
+    bucket_mib: float | None = None,
     compile: bool = False,
 ) -> nn.Module:
     """Place ``model``'s parameters on ``mesh`` as ``plan`` says; return ``model``.
@@ -70,7 +71,10 @@ def parallelize(
     runs only on the graph it was made for: the first call traces the model again and
     refuses a graph whose fingerprint differs from the plan's (another loss, model,
     ``mm_mode``, dtype or input shape), naming the first difference. ``compile=True`` runs
-    each lowered step (:mod:`autoplan.lower`) through ``torch.compile``.
+    each lowered step (:mod:`autoplan.lower`) through ``torch.compile``. ``bucket_mib``
+    caps the buckets the parameters' gathers and the gradients' reductions run in
+    (:mod:`autoplan.bucket`; None: the plan's ``PlanConfig.bucket_mib``, whose buckets
+    ``plan.buckets`` lists and prices; 0: one collective per planned move).
 
     Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
     the plan does not list (planning traces only trainable ones) is replicated.
@@ -106,7 +110,22 @@ def parallelize(
             init_fn(model)
     _replicate_buffers(model, mesh)
     flatten_mesh_groups(mesh)
-    state = PlannedState(plan, mesh, input_placements(plan), loss_fn=loss_fn, compile=compile)
+    if bucket_mib is None:
+        bucket_mib = plan.config.get("bucket_mib", 25.0)
+    if isinstance(bucket_mib, bool) or not (
+        isinstance(bucket_mib, (int, float)) and 0 <= bucket_mib < float("inf")
+    ):
+        raise ValueError(
+            f"bucket_mib={bucket_mib!r}: give a size in MiB >= 0 (0 turns bucketing off)."
+        )
+    state = PlannedState(
+        plan,
+        mesh,
+        input_placements(plan),
+        loss_fn=loss_fn,
+        bucket_bytes=int(bucket_mib * 2**20),
+        compile=compile,
+    )
     install(model, state)
     return model
 

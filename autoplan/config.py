@@ -39,6 +39,10 @@ class PlanConfig:
     stay float32 and are counted at 4 bytes."""
     reduce_dtype: str | None = None
     """Dtype gradients are reduced in (priced at its size); None = the gradient's dtype."""
+    bucket_mib: float = 25.0
+    """Size cap of the buckets parameter gathers and gradient reductions run merged in
+    (see :mod:`autoplan.cost.buckets`; DDP's default); 0 = one collective per move.
+    The plan prices and lists the buckets; ``parallelize`` runs them."""
     solver: str = "cbc"
     """MILP solver: ``"cbc"`` (ships with PuLP) or ``"highs"`` (needs highspy)."""
     time_limit_s: float | None = 300.0
@@ -85,6 +89,14 @@ class PlanConfig:
         if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
             raise ValueError(
                 f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
+            )
+        if (
+            isinstance(self.bucket_mib, bool)
+            or not isinstance(self.bucket_mib, (int, float))
+            or not 0 <= self.bucket_mib < float("inf")
+        ):
+            raise ValueError(
+                f"bucket_mib ({self.bucket_mib!r}) must be a number of MiB >= 0 (0: no buckets)."
             )
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(self, name)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from torch import fx
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from autoplan.bucket import Bucket, bucket_collectives, impure_except_collectives
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.placements import Placements, fmt
@@ -90,11 +92,13 @@ class LoweredStep:
         saved: tuple[SavedValue, ...],
         backward_inputs: tuple[int, ...],
         deviations: tuple[str, ...] = (),
+        buckets: tuple[Bucket, ...] = (),
         compile: bool = False,
     ) -> None:
         self.forward, self.backward, self.inference = forward, backward, inference
         self.param_fqns, self.grad_fqns, self.names = param_fqns, grad_fqns, names
         self.outputs, self.saved, self.deviations = outputs, saved, deviations
+        self.buckets = buckets
         # per backward placeholder: its index in saved, or -1 - k for the k-th cotangent
         self._backward_inputs = backward_inputs
         # eager: the generated code itself, not the module call, so module hooks and
@@ -138,6 +142,13 @@ class LoweredStep:
         in ``plan.comm``'s vocabulary."""
         return collective_counts(_collectives(self.forward) + _collectives(self.backward))
 
+    def unbucketed_collectives(self) -> dict[str, int]:
+        """The collectives of a step before bucketing: one per planned move, as priced."""
+        out = self.collectives()
+        for b in self.buckets:
+            out[b.kind] += b.members - 1
+        return out
+
     def __str__(self) -> str:
         legend = [
             f"# {p.name}: {what}"
@@ -159,6 +170,7 @@ def lower(
     inputs: Sequence[DTensor],
     *,
     param_dtype: torch.dtype | None = None,
+    bucket_bytes: int = 0,
     compile: bool = False,
 ) -> LoweredStep:
     """Record one planned step of ``graph`` on ``params``, ``buffers`` and ``inputs``, and
@@ -167,7 +179,8 @@ def lower(
     Every rank must call it together (its DTensor ops build the same collectives on
     each rank, though none runs). ``param_dtype`` computes with the parameters cast to
     it while gradients come back in each parameter's own dtype (FSDP2's mixed
-    precision).
+    precision). ``bucket_bytes`` caps the buckets parameter gathers and gradient
+    reductions are merged into (:mod:`autoplan.bucket`; 0: one collective per move).
     """
     t = graph.traced
     grad_fqns = tuple(f for f in t.param_fqns if f in t.grads)
@@ -212,6 +225,12 @@ def lower(
     gm.graph.eliminate_dead_code()
     gm.recompile()
     forward, backward = _partition(gm, len(outputs))
+    parameters = {p.name for p in _placeholders(forward)[: len(params)]}
+    buckets = bucket_collectives(forward.graph, bucket_bytes, params=parameters)
+    buckets += bucket_collectives(backward.graph, bucket_bytes)
+    for program in (forward, backward):
+        defer_waits(program.graph)
+        program.recompile()
     inference = _forward_only(forward, len(outputs))
     names = tuple(
         [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
@@ -230,6 +249,7 @@ def lower(
         saved=saved,
         backward_inputs=backward_inputs,
         deviations=tuple(graph.deviations),
+        buckets=tuple(buckets),
         compile=compile,
     )
 
@@ -251,14 +271,16 @@ def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx
     for node in reversed(gm.graph.nodes):
         if node in forward:
             forward.update(node.all_input_nodes)
+    # every output of a forward op is the forward's (attention's logsumexp, which only
+    # the backward reads, is saved rather than the op run again in the backward)
+    forward |= {u for n in forward for u in n.users if u.target is operator.getitem}
     for node in forward:
         node.meta["partitioner_tag"] = "is_forward"
     fwd, bwd = partition_joint(gm, num_outputs)
     for g in (fwd, bwd):
         # the partitioner copies into the backward every op its inputs can compute, and
         # keeps them though nothing reads them (a collective among them would run twice)
-        g.graph.eliminate_dead_code(is_impure_node=_impure_not_collective)
-        defer_waits(g.graph)
+        g.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
         g.recompile()
     if _collectives(fwd) + _collectives(bwd) != _collectives(gm):
         raise RuntimeError(
@@ -274,12 +296,8 @@ def _forward_only(forward: fx.GraphModule, num_outputs: int) -> fx.GraphModule:
     graph = copy.deepcopy(forward.graph)
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
     out.args = (tuple(out.args[0][:num_outputs]),)
-    graph.eliminate_dead_code(is_impure_node=_impure_not_collective)
+    graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     return fx.GraphModule(forward, graph)
-
-
-def _impure_not_collective(node: fx.Node) -> bool:
-    return getattr(node.target, "namespace", None) != "_c10d_functional" and node.is_impure()
 
 
 def _saved(

@@ -40,7 +40,10 @@ class Plan:
     above it: at most ``mip_gap`` for an ``optimal`` plan. ``loss_fn`` names the loss the
     graph was traced with (``"mean"``: the default) and ``graph_fingerprint`` is the digest
     of that graph (:func:`autoplan.graph.fingerprint`), which ``parallelize`` compares with
-    its own trace; empty in plans saved before it was recorded.
+    its own trace; empty in plans saved before it was recorded. ``buckets`` lists the
+    collectives of ``comm`` that run merged (:mod:`autoplan.cost.buckets`): kind,
+    ``where`` (head: parameter gathers; tail: gradient reductions), mesh ``axes``,
+    ``members``, ``bytes``, merged price ``us`` and the members' own ``us_alone``.
     """
 
     status: str
@@ -67,10 +70,19 @@ class Plan:
     bound_us: float | None = None
     loss_fn: str = "mean"
     graph_fingerprint: str = ""
+    buckets: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"Plan.status ({self.status!r}) must be one of {', '.join(STATUSES)}.")
+
+    def collective_counts(self, *, bucketed: bool = True) -> dict[str, int]:
+        """Collectives per kind one step runs: merged as ``buckets`` says, or one per
+        priced move (``bucketed=False``, as ``parallelize(..., bucket_mib=0)`` runs)."""
+        counts = {kind: int(c["count"]) for kind, c in self.comm.items()}
+        for b in self.buckets if bucketed else ():
+            counts[b["kind"]] -= b["members"] - 1
+        return counts
 
     # -- JSON -------------------------------------------------------------------
 
@@ -163,6 +175,11 @@ class Plan:
                 lines.append(
                     f"  {kind:<15} x{int(c['count']):<5} {c['bytes'] / 2**20:12.1f} MiB  {c['us'] / 1e3:9.3f} ms"
                 )
+        for b in self.buckets:
+            lines.append(
+                f"  bucketed: {b['members']} {b['kind']} on axes {b['axes']} run as one "
+                f"({b['bytes'] / 2**20:.1f} MiB, {b['us_alone'] / 1e3:.3f} ms -> {b['us'] / 1e3:.3f} ms)"
+            )
         if self.routes:
             lines.append(
                 f"routed moves: {len(self.routes)} inputs move through other placements on the way "

@@ -52,10 +52,11 @@ class PlannedState:
         placements: Sequence[Placements],
         *,
         loss_fn: LossFn | None = None,
+        bucket_bytes: int = 0,
         compile: bool = False,
     ) -> None:
         self.plan, self.mesh, self.placements = plan, mesh, list(placements)
-        self.loss_fn, self.compile = loss_fn, compile
+        self.loss_fn, self.compile, self.bucket_bytes = loss_fn, compile, bucket_bytes
         cfg = plan.config
         self.mm_mode = cfg.get("mm_mode", "einsum")
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
@@ -125,6 +126,7 @@ class PlannedState:
                 buffers,
                 inputs,
                 param_dtype=self.param_dtype,
+                bucket_bytes=self.bucket_bytes,
                 compile=self.compile,
             )
             self._traced[key] = traced

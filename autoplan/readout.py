@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.config import PlanConfig
+from autoplan.cost.buckets import plan_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable
 from autoplan.cost.redistribute import RedistributeModel
@@ -96,6 +97,7 @@ def read_solution(
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
+        "buckets": plan_buckets(traced, table, costs, redist, choice, config.bucket_mib * 2**20),
     }
     return Plan(
         status=status,

@@ -11,7 +11,7 @@ Schema::
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
     plan:     {mm_mode, memory_budget_gib, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
-               optimizer_states, collapse_followers, cluster_layers, untie_under_budget,
+               optimizer_states, bucket_mib, collapse_followers, cluster_layers, untie_under_budget,
                prune_dominated, reduced_cost_fixing, routes}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
     constraints: {output_placements: ["RR"],                         # per output tensor

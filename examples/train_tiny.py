@@ -116,7 +116,7 @@ def main() -> None:
                 flush=True,
             )
     if rank == 0:
-        print("priced by the plan:", {k: int(v["count"]) for k, v in plan.comm.items()})
+        print("priced by the plan:", plan.collective_counts())  # buckets merged as it lists
     dist.destroy_process_group()
 
 

@@ -117,7 +117,14 @@ OUTSIDE = {"mean": _mean, "ce": _cross_entropy}
 INSIDE = {"square": square_loss}
 
 
-def _check_case(kind: str, plan: Plan, mesh, loss: str = "mean", compile: bool = False) -> dict:
+def _check_case(
+    kind: str,
+    plan: Plan,
+    mesh,
+    loss: str = "mean",
+    compile: bool = False,
+    bucket_mib: float | None = None,
+) -> dict:
     """One case on this rank: loss, gradients, collectives, one AdamW step and the forward
     alone (under no_grad) vs one device."""
     build, input_fn = MODELS[kind]
@@ -135,7 +142,9 @@ def _check_case(kind: str, plan: Plan, mesh, loss: str = "mean", compile: bool =
     # the two runs, so the learning rate is kept small enough for atol to cover it
     torch.optim.AdamW(ref.parameters(), lr=1e-3).step()
 
-    pmodel = parallelize(model, plan, mesh, loss_fn=INSIDE.get(loss), compile=compile)
+    pmodel = parallelize(
+        model, plan, mesh, loss_fn=INSIDE.get(loss), compile=compile, bucket_mib=bucket_mib
+    )
     placed = {n: fmt(p.placements) for n, p in pmodel.named_parameters()}
     local, local_labels = shard_inputs((x, labels), [input_placements(plan)[0]] * 2, mesh)
 
@@ -184,10 +193,13 @@ def _check_case(kind: str, plan: Plan, mesh, loss: str = "mean", compile: bool =
             "requires_grad": alone.requires_grad,
         },
         "executed": executed,
+        "plans_buckets": bucket_mib is None,
         "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
         "deviations": list(train.deviations),
         "lowered": {
             "collectives": train.collectives(),
+            "unbucketed": train.unbucketed_collectives(),
+            "buckets": [[b.kind, b.where, b.members] for b in train.buckets],
             "dtensor_ops": [
                 str(n.target)
                 for gm in (train.forward, train.backward)
@@ -283,7 +295,12 @@ def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
             plan = Plan.from_json(case["plan"])
             mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
             results[case["name"]] = _check_case(
-                case["kind"], plan, mesh, case.get("loss", "mean"), case.get("compile", False)
+                case["kind"],
+                plan,
+                mesh,
+                case.get("loss", "mean"),
+                case.get("compile", False),
+                case.get("bucket_mib"),
             )
         if rank == 0:
             Path(out_dir, "results.json").write_text(json.dumps(results))
@@ -305,21 +322,34 @@ def _assert_matches(result: dict, plan: Plan) -> None:
     bad = {n: d for n, (ok, d) in result["sgd"].items() if not ok}
     assert not bad, f"weights after one AdamW step differ (max abs diff): {bad}"
     assert result["deviations"] == [], "DTensor placed outputs other than planned"
-    priced = {kind: int(c["count"]) for kind, c in plan.comm.items()}
+    priced = plan.collective_counts(bucketed=False)
+    lowered = result["lowered"]
+    assert lowered["unbucketed"] == priced, "the lowered graph's collectives differ"
     if result["executed"] is not None:
-        assert result["executed"] == priced, "executed collectives differ from the priced ones"
-    assert result["lowered"]["collectives"] == priced, "the lowered graph's collectives differ"
+        assert result["executed"] == lowered["collectives"], "executed collectives differ"
+    if not lowered["buckets"]:
+        assert lowered["collectives"] == priced
+    if result["plans_buckets"]:  # run with the plan's bucket size: the buckets it priced
+        planned = sorted([b["kind"], b["where"], b["members"]] for b in plan.buckets)
+        assert sorted(lowered["buckets"]) == planned, "the run's buckets differ from the plan's"
+        assert lowered["collectives"] == plan.collective_counts()
     assert result["lowered"]["dtensor_ops"] == []
     assert result["forward_only"]["output"][0], "the forward alone differs from one device"
     assert not result["forward_only"]["requires_grad"]
 
 
 def _spawn_cases(
-    tmp_path, plans: dict[str, tuple[str, Plan]], meta: bool = False, losses=None, compile=False
+    tmp_path,
+    plans: dict[str, tuple[str, Plan]],
+    meta: bool = False,
+    losses=None,
+    compile=False,
+    bucket_mib=None,
 ) -> dict:
-    """Run each plan on 4 gloo processes; ``losses`` maps a case to its LOSSES key;
-    ``compile`` runs every case's lowered step through torch.compile."""
-    losses = losses or {}
+    """Run each plan on 4 gloo processes; ``losses`` maps a case to its LOSSES key and
+    ``bucket_mib`` to parallelize's bucket size (default: the plan's); ``compile`` runs every
+    case's lowered step through torch.compile."""
+    losses, bucket_mib = losses or {}, bucket_mib or {}
     cases = [
         {
             "name": n,
@@ -327,6 +357,7 @@ def _spawn_cases(
             "plan": p.to_json(),
             "loss": losses.get(n, "mean"),
             "compile": compile,
+            "bucket_mib": bucket_mib.get(n),
         }
         for n, (k, p) in plans.items()
     ]
@@ -338,9 +369,11 @@ def _spawn_cases(
 @pytest.fixture(scope="module")
 def mlp_plans() -> dict[str, tuple[str, Plan]]:
     tight = 4 * 4 * MLP_NUMEL / WORLD / 2**30 * 1.01  # params+grads+2 Adam states, sharded 4 ways
+    ddp = _plan("mlp", (WORLD,), ("dp",), "S(0)", topology=SLOW_DEVICES)
     return {
         "fsdp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", budget_gib=tight)),
-        "ddp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", topology=SLOW_DEVICES)),
+        "ddp": ("mlp", ddp),
+        "ddp_unbucketed": ("mlp", ddp),
         # tp spans two nodes, cp stays inside one: S(0)R moves detour through S(0)S(0)
         "routes": (
             "mlp",
@@ -378,7 +411,11 @@ def mlp_plans() -> dict[str, tuple[str, Plan]]:
 def mlp_results(mlp_plans, tmp_path_factory) -> dict:
     """The MLP cases run together: one spawn of 4 processes."""
     return _spawn_cases(
-        tmp_path_factory.mktemp("mlp"), mlp_plans, meta=True, losses={"square": "square"}
+        tmp_path_factory.mktemp("mlp"),
+        mlp_plans,
+        meta=True,
+        losses={"square": "square"},
+        bucket_mib={"ddp_unbucketed": 0},
     )
 
 
@@ -434,11 +471,17 @@ def test_forward_program_lists_what_it_saves_for_the_backward(mlp_results):
 
 
 def test_mlp_ddp_like_plan_matches_one_device(mlp_plans, mlp_results):
-    """With no budget every MLP weight is replicated; loss, grads, collectives and AdamW match."""
-    result = mlp_results["ddp"]
+    """With no budget every MLP weight is replicated; loss, grads, collectives and AdamW
+    match, with the gradients reduced in one bucket (bucket_mib=0: one all-reduce each)."""
+    result, alone = mlp_results["ddp"], mlp_results["ddp_unbucketed"]
     assert set(result["placed"].values()) == {"R"}, result["placed"]
-    assert result["executed"].get("all_reduce", 0) >= 4  # one gradient all-reduce per weight
+    assert alone["executed"].get("all_reduce", 0) >= 4  # one gradient all-reduce per weight
+    assert alone["lowered"]["buckets"] == []
+    reductions = alone["executed"]["all_reduce"]
+    assert ["all_reduce", "tail", reductions] in result["lowered"]["buckets"]
+    assert result["executed"]["all_reduce"] == 1
     _assert_matches(result, mlp_plans["ddp"][1])
+    _assert_matches(alone, mlp_plans["ddp"][1])
 
 
 def test_plan_with_routes_runs_each_hop_and_matches_one_device(mlp_plans, mlp_results):

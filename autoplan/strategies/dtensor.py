@@ -52,6 +52,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
+    "mutates",
     "DTensorSpec",
     "DeviceMesh",
     "FakeTensor",
@@ -103,6 +104,19 @@ def local_shape(
     return tuple(
         compute_local_shape_and_global_offset(shape, mesh, placements, skip_offset=True)[0]
     )
+
+
+def mutates(node: torch.fx.Node) -> bool:
+    """Whether ``node`` writes to a tensor or has another side effect than its result.
+
+    Unlike ``Node.is_impure``, an op is not impure for drawing random numbers: a copy
+    of a forward op whose result nothing reads (as the partitioner leaves in a
+    backward) is dead even when it is attention or dropout.
+    """
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    return node.is_impure()
 
 
 def partition_joint(joint: torch.fx.GraphModule, num_fwd_outputs: int) -> Any:

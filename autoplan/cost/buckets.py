@@ -1,0 +1,198 @@
+"""Bucketed collectives: which of a plan's moves run merged, and what they cost merged.
+
+Stage: ``cost/``, after the solve (read out into the plan) and at lowering (the same
+rule decides what ``parallelize`` merges). Input: the chosen strategies' priced moves
+in the order a step issues them. Output: the buckets, each priced as one collective
+of the members' summed size.
+
+Why: a parameter's gather that reads nothing computed (the forward's *head*) and a
+gradient's reduction that feeds only the optimizer (the backward's *tail*) can run
+merged with their neighbours without delaying any compute, as DDP's gradient buckets
+and FSDP2's per-block gathers do; one collective then pays one launch latency instead
+of one per member. The ILP prices each move alone (an upper bound on the merged
+price); the plan reports the buckets and their price, and the lowered step runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan.cost.price import TANGENT_SLOT, CostTable
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.strategies.table import StrategyTable
+from autoplan.trace import TracedGraph
+
+__all__ = ["GRAD_SLOT", "bucket_groups", "plan_buckets"]
+
+GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
+
+
+def bucket_groups(
+    keys: Sequence[Hashable], sizes: Sequence[float], upstream: Sequence[int], cap: float
+) -> list[list[int]]:
+    """Items (in issue order) merged per key, each bucket filled greedily up to ``cap``
+    bytes; an item whose input depends on a member of an open bucket (``upstream[i]``:
+    the bit set of the items it reads) closes that bucket first, so a bucket reads only
+    earlier buckets. Returns every bucket (single items too), ordered by first member."""
+    open_: dict[Hashable, list[int]] = {}
+    size: dict[Hashable, float] = {}
+    bits: dict[Hashable, int] = {}
+    closed: list[list[int]] = []
+    for i, (key, n) in enumerate(zip(keys, sizes, strict=True)):
+        for k in [k for k in open_ if bits[k] & upstream[i] or (k == key and size[k] + n > cap)]:
+            closed.append(open_.pop(k))
+        if key not in open_:
+            open_[key], size[key], bits[key] = [], 0.0, 0
+        open_[key].append(i)
+        size[key] += n
+        bits[key] |= 1 << i
+    closed.extend(open_.values())
+    return sorted(closed, key=lambda g: g[0])
+
+
+@dataclass(frozen=True)
+class _Move:
+    order: tuple[int, int, int, int]  # where the step issues it
+    where: str  # "head" or "tail"
+    kind: str
+    axes: tuple[int, ...]
+    nbytes: float
+    us: float
+    dtype_bytes: int
+    edge: int  # index of its edge, for dependencies
+    hop: int
+
+
+def plan_buckets(
+    traced: TracedGraph,
+    table: StrategyTable,
+    costs: CostTable,
+    redist: RedistributeModel,
+    choice: dict[str, int],
+    cap_bytes: float,
+) -> list[dict[str, Any]]:
+    """The buckets the chosen plan's head and tail moves run in, each with its member
+    count, bytes, merged price (``us``) and the members' summed price (``us_alone``)."""
+    if cap_bytes <= 0:
+        return []
+    nodes = list(traced.gm.graph.nodes)
+    position = {n.name: i for i, n in enumerate(nodes)}
+    moved = {
+        (e.src, e.dst)
+        for e in costs.edges
+        if float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]]) > 0.0
+    }
+    head_nodes = _param_derived(traced, moved)
+    forward = _forward(traced)
+    grad_tail = _grad_tail(traced)
+    moves: list[_Move] = []
+    for k, e in enumerate(costs.edges):
+        if e.slot == TANGENT_SLOT or e.tensor is None:
+            continue
+        r, c = e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]
+        if float(e.cost[r, c]) == 0.0:
+            continue
+        if e.slot == GRAD_SLOT:  # moved just after the gradient is computed
+            order, where = (position[e.src], 1, 0, k), "tail"
+        else:
+            order = (position[e.dst], 0, e.slot, k)
+            where = (
+                "tail"
+                if e.dst in grad_tail
+                else "head"
+                if e.src in head_nodes and e.dst in forward
+                else ""
+            )
+        if not where:
+            continue
+        for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(redist, r, c)):
+            if where == "head" and hop > 0:
+                break  # a later hop reads the first one's result: not a head collective
+            moves.append(_Move(order, where, kind, axes, nbytes, us, e.tensor.dtype_bytes, k, hop))
+    out: list[dict[str, Any]] = []
+    for where in ("head", "tail"):
+        items = sorted((m for m in moves if m.where == where), key=lambda m: (m.order, m.hop))
+        upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
+        keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
+        for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
+            if len(group) < 2:
+                continue
+            members = [items[i] for i in group]
+            first = members[0]
+            nbytes = sum(m.nbytes for m in members)
+            p, m = redist.span(first.axes)
+            out.append(
+                {
+                    "kind": first.kind,
+                    "where": where,
+                    "axes": list(first.axes),
+                    "members": len(members),
+                    "bytes": nbytes,
+                    "us": redist.collectives.time_us(first.kind, nbytes, p, m),
+                    "us_alone": sum(x.us for x in members),
+                }
+            )
+    return out
+
+
+def _param_derived(traced: TracedGraph, moved: set[tuple[str, str]]) -> set[str]:
+    """Nodes computed from parameters alone, with no move on the way (their values are
+    ready before the step computes anything)."""
+    derived = set(traced.params)
+    for node in traced.gm.graph.nodes:
+        ins = node.all_input_nodes
+        if (
+            node.op == "call_function"
+            and ins
+            and all(i.name in derived and (i.name, node.name) not in moved for i in ins)
+        ):
+            derived.add(node.name)
+    return derived
+
+
+def _forward(traced: TracedGraph) -> set[str]:
+    """The ancestors of the model's outputs: the forward program's nodes."""
+    seen: set[str] = set()
+    stack = [traced.node(o) for o in traced.outputs]
+    while stack:
+        node = stack.pop()
+        if node.name not in seen:
+            seen.add(node.name)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _grad_tail(traced: TracedGraph) -> set[str]:
+    """Nodes whose every use leads only to gradients (the backward program's tail)."""
+    grads, outputs = set(traced.grads.values()), set(traced.outputs)
+    tail: set[str] = set()
+    for node in reversed(traced.gm.graph.nodes):
+        if node.op in ("output", "placeholder") or node.name in outputs or not node.users:
+            continue
+        if all(u.name in tail or (u.op == "output" and node.name in grads) for u in node.users):
+            tail.add(node.name)
+    return tail
+
+
+def _upstream(traced: TracedGraph, costs: CostTable, items: list[_Move]) -> list[int]:
+    """Per tail move, the bit set of the tail moves whose results its input reads."""
+    into: dict[str, int] = {}  # node -> bits of the moves into it (their results it reads)
+    by_edge: dict[int, list[int]] = {}
+    for i, m in enumerate(items):
+        by_edge.setdefault(m.edge, []).append(i)
+        e = costs.edges[m.edge]
+        if e.slot != GRAD_SLOT:
+            into[e.dst] = into.get(e.dst, 0) | 1 << i
+    reads: dict[str, int] = {}
+    for node in traced.gm.graph.nodes:
+        bits = into.get(node.name, 0)
+        for i in node.all_input_nodes:
+            bits |= reads.get(i.name, 0)
+        reads[node.name] = bits
+    out = []
+    for m in items:
+        earlier = sum(1 << j for j in by_edge[m.edge] if items[j].hop < m.hop)
+        out.append(reads.get(costs.edges[m.edge].src, 0) | earlier)
+    return out

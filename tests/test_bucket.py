@@ -1,0 +1,83 @@
+"""Buckets: the grouping rule the plan prices and lowering runs, and the graph rewrite.
+
+Execution of bucketed steps (all_reduce, all_gather and reduce_scatter buckets) equal to
+one device is checked in test_apply's gloo cases, which also assert that the buckets a
+run makes are the ones its plan lists.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from autoplan.bucket import bucket_collectives
+from autoplan.cost.buckets import bucket_groups
+
+_C10D = torch.ops._c10d_functional
+
+
+def test_buckets_fill_up_to_the_cap_per_key_in_issue_order():
+    """Same-key items merge until the next would pass the cap; other keys never mix."""
+    keys = ["ar", "ar", "ag", "ar", "ar"]
+    groups = bucket_groups(keys, [4, 4, 4, 4, 4], [0] * 5, cap=8)
+    assert groups == [[0, 1], [2], [3, 4]]
+
+
+def test_an_item_larger_than_the_cap_stays_alone():
+    groups = bucket_groups(["ar"] * 3, [2, 100, 2], [0] * 3, cap=10)
+    assert groups == [[0], [1], [2]]
+
+
+def test_an_item_reading_an_open_bucket_closes_it_first():
+    """Item 2 reads item 1's result (bit 1): merging them would make a cycle."""
+    groups = bucket_groups(["ar"] * 4, [1] * 4, [0, 0, 0b10, 0], cap=100)
+    assert groups == [[0, 1], [2, 3]]
+
+
+def test_a_dependency_on_another_keys_bucket_closes_that_one():
+    """Item 2 (key b) reads item 0 (key a): a's bucket closes, b's stays open."""
+    groups = bucket_groups(["a", "b", "b", "a"], [1] * 4, [0, 0, 0b01, 0], cap=100)
+    assert groups == [[0], [1, 2], [3]]
+
+
+def _two_gradients() -> fx.Graph:
+    """Two gradients, each all-reduced and returned: the tail of a backward program."""
+    g = fx.Graph()
+    outs = []
+    for name, shape in (("a", (4, 3)), ("b", (5,))):
+        x = g.placeholder(name)
+        x.meta["val"] = torch.empty(shape)
+        y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
+        y.meta["val"] = torch.empty(shape)
+        reduced = g.call_function(_C10D.all_reduce.default, (y, "sum", "0"))
+        waited = g.call_function(_C10D.wait_tensor.default, (reduced,))
+        waited.meta["val"] = torch.empty(shape)
+        outs.append(waited)
+    g.output(tuple(outs))
+    return g
+
+
+def test_tail_reductions_run_as_one_collective_sliced_back():
+    """Two gradient all-reduces become one over their concatenation, issued after both
+    inputs exist; each output is its slice, viewed in its own shape."""
+    g = _two_gradients()
+    (bucket,) = bucket_collectives(g, 1 << 20)
+    assert (bucket.kind, bucket.where, bucket.members, bucket.nbytes) == (
+        "all_reduce",
+        "tail",
+        2,
+        (12 + 5) * 4,
+    )
+    ops = [n.target for n in g.nodes if n.op == "call_function"]
+    assert ops.count(_C10D.all_reduce.default) == 1
+    reduced = next(n for n in g.nodes if n.target is _C10D.all_reduce.default)
+    assert reduced.args[0].target is torch.ops.aten.cat.default
+    out = next(n for n in g.nodes if n.op == "output")
+    assert [tuple(v.meta["val"].shape) for v in out.args[0]] == [(4, 3), (5,)]
+    g.lint()
+
+
+def test_no_buckets_under_a_zero_cap():
+    g = _two_gradients()
+    assert bucket_collectives(g, 0) == []
+    assert [n.target for n in g.nodes].count(_C10D.all_reduce.default) == 2
