@@ -167,6 +167,12 @@ class Plan:
         lines.append(
             f"estimated step: {self.objective_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f} ms"
             f" + comm {self.comm_us / 1e3:.2f} ms"
+            + (
+                f" ({sum(b['us_alone'] - b['us'] for b in self.buckets) / 1e3:.2f} ms less "
+                "with the buckets below)"
+                if self.buckets
+                else ""
+            )
         )
         lines.append(f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}")
         if self.comm:

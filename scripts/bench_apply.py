@@ -250,8 +250,10 @@ def _report(rows: dict, args: argparse.Namespace) -> str:
         f"thread each. Tiny LLaMA (dim {ARGS.dim}, {ARGS.n_layers} layers, {ARGS.n_heads} "
         f"heads, {ARGS.n_kv_heads} kv heads, vocab {ARGS.vocab_size}), batch {BATCH} x seq "
         f"{SEQ}. Median step (forward + backward + SGD, the slowest rank) over {args.steps} "
-        f"steps after {args.warmup}; *first call*: the parallelized model's first step "
-        "(trace, check, lower, and compile when asked).",
+        f"steps after {args.warmup}; the loss (the mean of the logits) is computed outside "
+        "the model on both sides; `parallelize` runs the plan's buckets (25 MiB); *first "
+        "call*: the parallelized model's first step (trace, check, lower, and compile when "
+        "asked).",
         "",
         "| case | PyTorch | PyTorch ms | parallelize ms | ratio | first call s |"
         + (" compile=True ms | ratio | first call s |" if args.compile else ""),
