@@ -181,10 +181,17 @@ class Plan:
                 lines.append(
                     f"  {kind:<15} x{int(c['count']):<5} {c['bytes'] / 2**20:12.1f} MiB  {c['us'] / 1e3:9.3f} ms"
                 )
-        for b in self.buckets:
+        merged: dict[str, list[float]] = {}
+        for b in self.buckets:  # per kind: moves, buckets, their own and merged price
+            row = merged.setdefault(b["kind"], [0, 0, 0.0, 0.0])
+            row[0] += b["members"]
+            row[1] += 1
+            row[2] += b["us_alone"]
+            row[3] += b["us"]
+        for kind, (moves, buckets, alone, us) in merged.items():
             lines.append(
-                f"  bucketed: {b['members']} {b['kind']} on axes {b['axes']} run as one "
-                f"({b['bytes'] / 2**20:.1f} MiB, {b['us_alone'] / 1e3:.3f} ms -> {b['us'] / 1e3:.3f} ms)"
+                f"  bucketed: {int(moves)} {kind} moves run as {int(buckets)} collectives "
+                f"({alone / 1e3:.3f} ms -> {us / 1e3:.3f} ms; plan.buckets lists them)"
             )
         if self.routes:
             lines.append(

@@ -27,6 +27,7 @@ from autoplan.trace import TracedGraph
 __all__ = ["GRAD_SLOT", "bucket_groups", "plan_buckets"]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
+MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each
 
 
 def bucket_groups(
@@ -110,6 +111,8 @@ def plan_buckets(
         for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(redist, r, c)):
             if where == "head" and hop > 0:
                 break  # a later hop reads the first one's result: not a head collective
+            if kind not in MERGEABLE:
+                continue
             moves.append(_Move(order, where, kind, axes, nbytes, us, e.tensor.dtype_bytes, k, hop))
     out: list[dict[str, Any]] = []
     for where in ("head", "tail"):
