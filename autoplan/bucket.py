@@ -13,13 +13,13 @@ own wrappers on the same placements: DDP reduces gradients in 25 MiB buckets and
 gathers a block's parameters at once. Two classes are safe to merge without moving any
 compute across a collective, and only they are merged:
 
-- *head* collectives, whose input is computed from the program's inputs alone (a
-  parameter's gather): a bucket is issued one bucket ahead of where its first result is
-  read (the next block's gather runs while the current one computes, as FSDP2's
-  prefetch), its inputs computed at the top of the program;
-- *tail* collectives, whose result feeds only the program's outputs (a gradient's
-  reduction): a bucket is issued where its last member was, so a full bucket reduces
-  while the backward goes on (DDP's order).
+- *head* collectives of the forward program, whose input is computed from the
+  parameters alone (a parameter's gather): a bucket is issued one bucket ahead of where
+  its first result is read (the next block's gather runs while the current one
+  computes, as FSDP2's prefetch), its inputs computed at the top of the program;
+- *tail* collectives of the backward program, whose result feeds only the gradients (a
+  gradient's reduction): a bucket is issued where its last member was, so a full bucket
+  reduces while the backward goes on (DDP's order).
 
 Every rank makes the same buckets: the grouping depends only on the order, kinds and
 sizes of the collectives, which are the same on every rank (a collective's input has
