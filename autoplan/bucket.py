@@ -29,16 +29,16 @@ the same size everywhere).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 
-from autoplan.cost.buckets import bucket_groups
+from autoplan.cost.buckets import RESHAPING, bucket_groups, op_name
 from autoplan.strategies.dtensor import mutates
 
-__all__ = ["Bucket", "bucket_collectives", "impure_except_collectives"]
+__all__ = ["Bucket", "bucket_collectives", "impure_except_collectives", "param_derived"]
 
 _OPS = torch.ops._c10d_functional
 _WAIT = _OPS.wait_tensor.default
@@ -60,26 +60,46 @@ class Bucket:
 
 
 def bucket_collectives(
-    graph: fx.Graph, cap_bytes: int, *, params: Collection[str] | None = None
+    graph: fx.Graph, cap_bytes: int, *, head_from: Collection[str] = (), tail: bool = False
 ) -> list[Bucket]:
     """Merge ``graph``'s collectives into buckets of at most ``cap_bytes`` (a collective
     larger than the cap stays alone); returns the buckets made.
 
-    With ``params`` (the names of the placeholders that are parameters: a forward
-    program) the head collectives are merged, those computed from parameters alone;
-    without (a backward program) the tail ones, whose results feed only the outputs.
-    The rule is :func:`autoplan.cost.buckets.bucket_groups`, the one the plan is priced by.
+    Head collectives are those computed from the placeholders ``head_from`` alone (the
+    parameters, or the values the forward computed from them alone); with ``tail`` (a
+    backward program, whose outputs are gradients) the collectives whose results feed
+    only the outputs are merged too, and are not head ones. The rule is
+    :func:`autoplan.cost.buckets.bucket_groups`, the one the plan is priced by.
     """
     if cap_bytes <= 0:
         return []
+    made: list[Bucket] = []
+    if head_from:
+        head = _head(graph, set(head_from))
+        outputs_only = _tail(graph) if tail else set()
+        made += _merge_all(
+            graph,
+            cap_bytes,
+            lambda c, w: c.args[0] in head and w not in outputs_only,
+            head,
+        )
+    if tail:
+        outputs_only = _tail(graph)
+        made += _merge_all(graph, cap_bytes, lambda c, w: w in outputs_only, None)
+    return made
+
+
+def _merge_all(
+    graph: fx.Graph,
+    cap_bytes: int,
+    member: Callable[[fx.Node, fx.Node], bool],
+    head: set[fx.Node] | None,
+) -> list[Bucket]:
+    """One pass: the collectives ``member`` selects, grouped and merged; head buckets
+    (``head`` given) issued one bucket ahead, tail buckets at their last member."""
     waits = {c: _only_wait(c) for c in graph.nodes if c.target in _KIND}
     waits = {c: w for c, w in waits.items() if w is not None and _val(c.args[0]) is not None}
-    if params is not None:
-        head = _head(graph, set(params))
-        members = [c for c in waits if c.args[0] in head]
-    else:
-        tail = _tail(graph)
-        members = [c for c in waits if waits[c] in tail]
+    members = [c for c, w in waits.items() if member(c, w)]
     upstream = _upstream(graph, members)
     keys = [_key(c) for c in members]
     sizes = [_size(c) for c in members]
@@ -90,9 +110,9 @@ def bucket_collectives(
     ]
     if not groups:
         return []
-    made = [_describe(g, "head" if params is not None else "tail") for g in groups]
+    made = [_describe(g, "head" if head is not None else "tail") for g in groups]
     priority: dict[fx.Node, float] = {}
-    if params is not None:
+    if head is not None:
         # the inputs of head buckets are computed first, at the top of the program
         priority = dict.fromkeys(_ancestors_in([c for g in groups for c in g], head), -1.0)
         ahead = next(n for n in graph.nodes if n.op != "placeholder")
@@ -128,6 +148,11 @@ def _nbytes(collective: fx.Node) -> int:
     return val.numel() * val.element_size()
 
 
+def param_derived(graph: fx.Graph, params: Collection[str]) -> set[str]:
+    """The names of the nodes computed from the placeholders ``params`` alone."""
+    return {n.name for n in _head(graph, set(params))}
+
+
 def _head(graph: fx.Graph, params: set[str]) -> set[fx.Node]:
     """Nodes computed from the parameter placeholders alone, by pure non-collective ops."""
     head: set[fx.Node] = set()
@@ -147,12 +172,22 @@ def _head(graph: fx.Graph, params: set[str]) -> set[fx.Node]:
 
 
 def _tail(graph: fx.Graph) -> set[fx.Node]:
-    """Nodes every use of which leads to the program's outputs only."""
-    tail: set[fx.Node] = set()
+    """Collective results that reach the program's outputs through reshaping ops alone
+    (:data:`autoplan.cost.buckets.RESHAPING`)."""
+    chain: set[fx.Node] = set()  # reshaping nodes that lead to outputs only
     for node in reversed(graph.nodes):
-        if node.op == "output" or (node.users and all(u in tail for u in node.users)):
-            tail.add(node)
-    return tail
+        if (
+            node.op == "call_function"
+            and op_name(node.target) in RESHAPING
+            and node.users
+            and all(u.op == "output" or u in chain for u in node.users)
+        ):
+            chain.add(node)
+    return {
+        n
+        for n in graph.nodes
+        if n.target is _WAIT and n.users and all(u.op == "output" or u in chain for u in n.users)
+    }
 
 
 def _key(collective: fx.Node) -> tuple[object, ...]:

@@ -31,7 +31,12 @@ from torch import fx
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.bucket import Bucket, bucket_collectives, impure_except_collectives
+from autoplan.bucket import (
+    Bucket,
+    bucket_collectives,
+    impure_except_collectives,
+    param_derived,
+)
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.placements import Placements, fmt
@@ -226,8 +231,10 @@ def lower(
     gm.recompile()
     forward, backward = _partition(gm, len(outputs))
     parameters = {p.name for p in _placeholders(forward)[: len(params)]}
-    buckets = bucket_collectives(forward.graph, bucket_bytes, params=parameters)
-    buckets += bucket_collectives(backward.graph, bucket_bytes)
+    # the backward's parameter-derived inputs: what the forward saves of its own
+    derived = param_derived(forward.graph, parameters) & {p.name for p in _placeholders(backward)}
+    buckets = bucket_collectives(forward.graph, bucket_bytes, head_from=parameters)
+    buckets += bucket_collectives(backward.graph, bucket_bytes, head_from=derived, tail=True)
     for program in (forward, backward):
         defer_waits(program.graph)
         program.recompile()

@@ -61,7 +61,7 @@ def test_tail_reductions_run_as_one_collective_sliced_back():
     """Two gradient all-reduces become one over their concatenation, issued after both
     inputs exist; each output is its slice, viewed in its own shape."""
     g = _two_gradients()
-    (bucket,) = bucket_collectives(g, 1 << 20)
+    (bucket,) = bucket_collectives(g, 1 << 20, tail=True)
     assert (bucket.kind, bucket.where, bucket.members, bucket.nbytes) == (
         "all_reduce",
         "tail",
@@ -79,5 +79,5 @@ def test_tail_reductions_run_as_one_collective_sliced_back():
 
 def test_no_buckets_under_a_zero_cap():
     g = _two_gradients()
-    assert bucket_collectives(g, 0) == []
+    assert bucket_collectives(g, 0, tail=True) == []
     assert [n.target for n in g.nodes].count(_C10D.all_reduce.default) == 2

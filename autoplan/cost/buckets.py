@@ -24,10 +24,24 @@ from autoplan.cost.redistribute import RedistributeModel
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["GRAD_SLOT", "bucket_groups", "plan_buckets"]
+__all__ = ["GRAD_SLOT", "RESHAPING", "bucket_groups", "op_name", "plan_buckets"]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
 MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each
+# ops that only reshape, cast or regroup a value: a collective whose result reaches the
+# gradients through these alone delays no compute when merged with later ones
+RESHAPING = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "squeeze",
+        "unsqueeze", "alias", "detach", "clone", "_to_copy", "split", "split_with_sizes",
+        "cat", "getitem", "slice",
+    }
+)  # fmt: skip
+
+
+def op_name(target: object) -> str:
+    """``view`` for ``aten.view.default``, ``getitem`` for ``operator.getitem``."""
+    return str(getattr(target, "__name__", target)).split(".")[0]
 
 
 def bucket_groups(
@@ -57,6 +71,7 @@ def bucket_groups(
 class _Move:
     order: tuple[int, int, int, int]  # where the step issues it
     where: str  # "head" or "tail"
+    program: str  # "forward" or "backward"
     kind: str
     axes: tuple[int, ...]
     nbytes: float
@@ -99,13 +114,7 @@ def plan_buckets(
             order, where = (position[e.src], 1, 0, k), "tail"
         else:
             order = (position[e.dst], 0, e.slot, k)
-            where = (
-                "tail"
-                if e.dst in grad_tail
-                else "head"
-                if e.src in head_nodes and e.dst in forward
-                else ""
-            )
+            where = "tail" if e.dst in grad_tail else "head" if e.src in head_nodes else ""
         if not where:
             continue
         for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(redist, r, c)):
@@ -113,10 +122,17 @@ def plan_buckets(
                 break  # a later hop reads the first one's result: not a head collective
             if kind not in MERGEABLE:
                 continue
-            moves.append(_Move(order, where, kind, axes, nbytes, us, e.tensor.dtype_bytes, k, hop))
+            program = "forward" if e.slot != GRAD_SLOT and e.dst in forward else "backward"
+            moves.append(
+                _Move(order, where, program, kind, axes, nbytes, us, e.tensor.dtype_bytes, k, hop)
+            )
     out: list[dict[str, Any]] = []
-    for where in ("head", "tail"):
-        items = sorted((m for m in moves if m.where == where), key=lambda m: (m.order, m.hop))
+    # each program merges its own collectives: its head ones, then its tail ones
+    for where, program in (("head", "forward"), ("head", "backward"), ("tail", "backward")):
+        items = sorted(
+            (m for m in moves if (m.where, m.program) == (where, program)),
+            key=lambda m: (m.order, m.hop),
+        )
         upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
         keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
         for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
@@ -168,13 +184,16 @@ def _forward(traced: TracedGraph) -> set[str]:
 
 
 def _grad_tail(traced: TracedGraph) -> set[str]:
-    """Nodes whose every use leads only to gradients (the backward program's tail)."""
+    """Reshaping nodes through which alone a value reaches gradients (a move into one is
+    a gradient's, like the move to the parameter's placement)."""
     grads, outputs = set(traced.grads.values()), set(traced.outputs)
     tail: set[str] = set()
     for node in reversed(traced.gm.graph.nodes):
-        if node.op in ("output", "placeholder") or node.name in outputs or not node.users:
+        if node.op != "call_function" or node.name in outputs or not node.users:
             continue
-        if all(u.name in tail or (u.op == "output" and node.name in grads) for u in node.users):
+        if op_name(node.target) in RESHAPING and all(
+            u.name in tail or (u.op == "output" and node.name in grads) for u in node.users
+        ):
             tail.add(node.name)
     return tail
 
