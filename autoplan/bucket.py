@@ -38,11 +38,18 @@ from torch import fx
 from autoplan.cost.buckets import RESHAPING, bucket_groups, op_name
 from autoplan.strategies.dtensor import mutates
 
-__all__ = ["Bucket", "bucket_collectives", "impure_except_collectives", "param_derived"]
+__all__ = [
+    "Bucket",
+    "bucket_collectives",
+    "bucket_fill",
+    "impure_except_collectives",
+    "param_derived",
+]
 
 _OPS = torch.ops._c10d_functional
 _WAIT = _OPS.wait_tensor.default
 _REDUCE = _OPS.all_reduce.default
+_REDUCE_INPLACE = _OPS.all_reduce_.default
 _GATHER = _OPS.all_gather_into_tensor.default
 _SCATTER = _OPS.reduce_scatter_tensor.default
 _KIND = {_REDUCE: "all_reduce", _GATHER: "all_gather", _SCATTER: "reduce_scatter"}
@@ -121,11 +128,11 @@ def _merge_all(
             readers = [u for c in group for u in waits[c].users]
             own = min(readers, key=index.__getitem__, default=ahead)
             # issued one bucket ahead: where the previous bucket's first result is read
-            _merge(graph, group, waits, before=min(ahead, own, key=index.__getitem__))
+            _merge(graph, group, waits, before=min(ahead, own, key=index.__getitem__), tail=False)
             ahead = own
     else:
         for group in groups:  # issued where its last member was
-            _merge(graph, group, waits, before=group[-1])
+            _merge(graph, group, waits, before=group[-1], tail=True)
     _reorder(graph, priority)
     graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     graph.lint()
@@ -219,22 +226,28 @@ def _describe(group: list[fx.Node], where: str) -> Bucket:
 
 
 def _merge(
-    graph: fx.Graph, group: list[fx.Node], waits: dict[fx.Node, fx.Node], before: fx.Node
+    graph: fx.Graph,
+    group: list[fx.Node],
+    waits: dict[fx.Node, fx.Node],
+    before: fx.Node,
+    *,
+    tail: bool,
 ) -> list[fx.Node]:
     """One collective for ``group``, inserted before ``before``; each member's wait is
     replaced by its slice of the result. Returns the slices."""
     target, extra = group[0].target, tuple(group[0].args[1:])
+    # each reduce-scatter input [g * k, ...] as g rows [g, k...]: rank r's share in row r
+    rows = int(extra[1]) if target is _SCATTER else 1
     fn = graph.call_function
+    if tail:
+        flat = _fill_as_computed(graph, group, rows)
     with graph.inserting_before(before):
-        if target is _SCATTER:  # each input [g * k, ...] as [g, k...]: rank r's share in row r
-            g = int(extra[1])
-            rows = [fn(_aten.reshape.default, (c.args[0], [g, -1])) for c in group]
-            flat = fn(_aten.view.default, (fn(_aten.cat.default, (rows, 1)), [-1]))
-        else:
-            flat = fn(
-                _aten.cat.default, ([fn(_aten.reshape.default, (c.args[0], [-1])) for c in group],)
-            )
-        done = fn(_WAIT, (fn(target, (flat, *extra)),))
+        if not tail:
+            parts = [fn(_aten.reshape.default, (c.args[0], [rows, -1])) for c in group]
+            flat = fn(_aten.view.default, (fn(_aten.cat.default, (parts, 1)), [-1]))
+        # an all-reduce runs in place on the flat buffer, which nothing else reads
+        op = _REDUCE_INPLACE if target is _REDUCE else target
+        done = fn(_WAIT, (fn(op, (flat, *extra)),))
         if target is _GATHER:  # [g * total] as [g, total]: rank r's inputs in row r
             done = fn(_aten.view.default, (done, [int(extra[0]), -1]))
         pieces, offset = [], 0
@@ -259,6 +272,37 @@ def _merge(
         graph.erase_node(waits[c])
         graph.erase_node(c)
     return pieces
+
+
+def bucket_fill(flat: torch.Tensor, rows: int, offset: int, x: torch.Tensor) -> torch.Tensor:
+    """Copy ``x``, as ``rows`` rows, into the columns from ``offset`` of ``flat`` seen as
+    ``rows`` rows; returns ``flat`` (the next fill and the collective take it from here,
+    which orders them after this copy)."""
+    part = x.reshape(rows, -1)
+    flat.view(rows, -1)[:, offset : offset + part.shape[1]].copy_(part)
+    return flat
+
+
+def _fill_as_computed(graph: fx.Graph, group: list[fx.Node], rows: int) -> fx.Node:
+    """A flat buffer for a tail bucket, each member's input copied in right after it is
+    computed: while still in cache (a copy of them all at the end reads them back from
+    memory), as DDP copies each gradient into its bucket when autograd makes it."""
+    inputs = [c.args[0] for c in group]
+    vals = [_val(x) for x in inputs]
+    index = _index(graph)
+    first = min(inputs, key=index.__getitem__)
+    with graph.inserting_after(first):
+        last = graph.call_function(
+            _aten.new_empty.default, (first, [sum(v.numel() for v in vals if v is not None)])
+        )
+    offset = 0
+    for x, val in zip(inputs, vals, strict=True):
+        assert val is not None
+        index = _index(graph)
+        with graph.inserting_after(max(x, last, key=index.__getitem__)):
+            last = graph.call_function(bucket_fill, (last, rows, offset, x))
+        offset += val.numel() // rows
+    return last
 
 
 def _index(graph: fx.Graph) -> dict[fx.Node, int]:

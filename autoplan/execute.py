@@ -63,6 +63,7 @@ _KINDS = {
     "all_gather_into_tensor": "all_gather",
     "reduce_scatter_tensor": "reduce_scatter",
     "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
     "all_to_all_single": "all_to_all",
     "shard_dim_alltoall": "all_to_all",
 }
