@@ -39,6 +39,7 @@ from autoplan.bucket import (
 )
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
+from autoplan.fold_views import fold_views
 from autoplan.placements import Placements, fmt
 from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
 
@@ -230,6 +231,8 @@ def lower(
     gm.graph.eliminate_dead_code()
     gm.recompile()
     forward, backward = _partition(gm, len(outputs))
+    for program in (forward, backward):
+        fold_views(program.graph)
     parameters = {p.name for p in _placeholders(forward)[: len(params)]}
     # the backward's parameter-derived inputs: what the forward saves of its own
     derived = param_derived(forward.graph, parameters) & {p.name for p in _placeholders(backward)}
