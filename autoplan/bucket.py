@@ -67,7 +67,12 @@ class Bucket:
 
 
 def bucket_collectives(
-    graph: fx.Graph, cap_bytes: int, *, head_from: Collection[str] = (), tail: bool = False
+    graph: fx.Graph,
+    cap_bytes: int,
+    *,
+    head_from: Collection[str] = (),
+    tail: bool = False,
+    in_place: bool = True,
 ) -> list[Bucket]:
     """Merge ``graph``'s collectives into buckets of at most ``cap_bytes`` (a collective
     larger than the cap stays alone); returns the buckets made.
@@ -76,7 +81,10 @@ def bucket_collectives(
     parameters, or the values the forward computed from them alone); with ``tail`` (a
     backward program, whose outputs are gradients) the collectives whose results feed
     only the outputs are merged too, and are not head ones. The rule is
-    :func:`autoplan.cost.buckets.bucket_groups`, the one the plan is priced by.
+    :func:`autoplan.cost.buckets.bucket_groups`, the one the plan is priced by. An
+    all-reduce bucket runs in place on its flat buffer unless ``in_place`` is false (for
+    ``torch.compile``, whose functionalization refuses an in-place collective and whose
+    Inductor plans buffers itself).
     """
     if cap_bytes <= 0:
         return []
@@ -89,10 +97,11 @@ def bucket_collectives(
             cap_bytes,
             lambda c, w: c.args[0] in head and w not in outputs_only,
             head,
+            in_place,
         )
     if tail:
         outputs_only = _tail(graph)
-        made += _merge_all(graph, cap_bytes, lambda c, w: w in outputs_only, None)
+        made += _merge_all(graph, cap_bytes, lambda c, w: w in outputs_only, None, in_place)
     return made
 
 
@@ -101,6 +110,7 @@ def _merge_all(
     cap_bytes: int,
     member: Callable[[fx.Node, fx.Node], bool],
     head: set[fx.Node] | None,
+    in_place: bool,
 ) -> list[Bucket]:
     """One pass: the collectives ``member`` selects, grouped and merged; head buckets
     (``head`` given) issued one bucket ahead, tail buckets at their last member."""
@@ -128,11 +138,18 @@ def _merge_all(
             readers = [u for c in group for u in waits[c].users]
             own = min(readers, key=index.__getitem__, default=ahead)
             # issued one bucket ahead: where the previous bucket's first result is read
-            _merge(graph, group, waits, before=min(ahead, own, key=index.__getitem__), tail=False)
+            _merge(
+                graph,
+                group,
+                waits,
+                before=min(ahead, own, key=index.__getitem__),
+                tail=False,
+                in_place=in_place,
+            )
             ahead = own
     else:
         for group in groups:  # issued where its last member was
-            _merge(graph, group, waits, before=group[-1], tail=True)
+            _merge(graph, group, waits, before=group[-1], tail=True, in_place=in_place)
     _reorder(graph, priority)
     graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     graph.lint()
@@ -232,6 +249,7 @@ def _merge(
     before: fx.Node,
     *,
     tail: bool,
+    in_place: bool,
 ) -> list[fx.Node]:
     """One collective for ``group``, inserted before ``before``; each member's wait is
     replaced by its slice of the result. Returns the slices."""
@@ -246,7 +264,7 @@ def _merge(
             parts = [fn(_aten.reshape.default, (c.args[0], [rows, -1])) for c in group]
             flat = fn(_aten.view.default, (fn(_aten.cat.default, (parts, 1)), [-1]))
         # an all-reduce runs in place on the flat buffer, which nothing else reads
-        op = _REDUCE_INPLACE if target is _REDUCE else target
+        op = _REDUCE_INPLACE if target is _REDUCE and in_place else target
         done = fn(_WAIT, (fn(op, (flat, *extra)),))
         if target is _GATHER:  # [g * total] as [g, total]: rank r's inputs in row r
             done = fn(_aten.view.default, (done, [int(extra[0]), -1]))

@@ -236,8 +236,12 @@ def lower(
     parameters = {p.name for p in _placeholders(forward)[: len(params)]}
     # the backward's parameter-derived inputs: what the forward saves of its own
     derived = param_derived(forward.graph, parameters) & {p.name for p in _placeholders(backward)}
-    buckets = bucket_collectives(forward.graph, bucket_bytes, head_from=parameters)
-    buckets += bucket_collectives(backward.graph, bucket_bytes, head_from=derived, tail=True)
+    buckets = bucket_collectives(
+        forward.graph, bucket_bytes, head_from=parameters, in_place=not compile
+    )
+    buckets += bucket_collectives(
+        backward.graph, bucket_bytes, head_from=derived, tail=True, in_place=not compile
+    )
     for program in (forward, backward):
         defer_waits(program.graph)
         program.recompile()

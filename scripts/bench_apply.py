@@ -12,7 +12,8 @@ spawn and on the same weights and batch, the wrapper and the parallelized model:
   with ``ColwiseParallel``/``RowwiseParallel`` and ``fully_shard`` on dp.
 
 A step is forward + backward + SGD; the figure is the median over ``--steps`` steps after
-``--warmup`` (each step's time is the slowest rank's). ``--compile`` adds the
+``--warmup`` (each step's time is the slowest rank's), the sides taking turns step by
+step. ``--compile`` adds the
 parallelized model with ``compile=True``. Writes its section of benchmarks/RESULTS.md.
 
     python scripts/bench_apply.py [--steps 10] [--warmup 2] [--compile] [--case ddp ...]
@@ -131,20 +132,31 @@ def _loss(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().mean()
 
 
-def _timed(step, steps: int, warmup: int) -> tuple[float, float]:
-    """Median step time (the slowest rank's, in ms) and the first step's loss."""
-    times, first = [], None
-    for i in range(warmup + steps):
-        dist.barrier()
-        start = time.perf_counter()
-        loss = step()
-        elapsed = torch.tensor([time.perf_counter() - start])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if first is None:  # after the clock: a DTensor loss is reduced for printing only
-            first = float(loss.full_tensor() if isinstance(loss, DTensor) else loss)
-        if i >= warmup:
-            times.append(float(elapsed) * 1e3)
-    return statistics.median(times), first
+def _time_step(step) -> tuple[float, torch.Tensor]:
+    """One step's time (the slowest rank's, in ms) and its loss."""
+    dist.barrier()
+    start = time.perf_counter()
+    loss = step()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed) * 1e3, loss
+
+
+def _interleaved(steps: dict, n: int, warmup: int) -> dict[str, float]:
+    """Median step time per side, the sides taking turns step by step (a machine whose
+    speed drifts slows them alike)."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(warmup + n):
+        for name, step in steps.items():
+            ms, _ = _time_step(step)
+            if i >= warmup:
+                times[name].append(ms)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _first_loss(loss: torch.Tensor) -> float:
+    """A DTensor loss is reduced for printing only (after the clock)."""
+    return float(loss.full_tensor() if isinstance(loss, DTensor) else loss)
 
 
 def _sgd_step(model, opt, call):
@@ -176,26 +188,25 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
             torch.manual_seed(0)
             base = _baseline(case, Transformer(ARGS), mesh)
             opt = torch.optim.SGD(base.parameters(), lr=0.01)
+            steps = {"base": _sgd_step(base, opt, lambda b=base, x=x_local: _loss(b(x)))}
             row = {}
-            row["base_ms"], local_loss = _timed(
-                _sgd_step(base, opt, lambda b=base, x=x_local: _loss(b(x))), **opts
-            )
+            _, loss = _time_step(steps["base"])
             # the wrappers' loss is this rank's rows' mean: the global one is the ranks' mean
-            total = torch.tensor([local_loss])
+            total = torch.tensor([_first_loss(loss)])
             dist.all_reduce(total)
             row["base_loss"] = float(total) / WORLD
             for compiled in (False, True) if compile else (False,):
                 torch.manual_seed(0)
                 pm = parallelize(Transformer(ARGS), plan, mesh, compile=compiled)
                 opt = torch.optim.SGD(pm.parameters(), lr=0.01)
-                start = time.perf_counter()
-                _loss(pm(x_local)).backward()  # traces and lowers (and compiles) once
-                pm.zero_grad(set_to_none=True)
                 key = "compiled" if compiled else "eager"
-                row[f"{key}_first_s"] = time.perf_counter() - start
-                row[f"{key}_ms"], row[f"{key}_loss"] = _timed(
-                    _sgd_step(pm, opt, lambda p=pm, x=x_local: _loss(p(x))), **opts
-                )
+                steps[key] = _sgd_step(pm, opt, lambda p=pm, x=x_local: _loss(p(x)))
+                # the first step traces and lowers (and compiles) once
+                row[f"{key}_first_s"], loss = _time_step(steps[key])
+                row[f"{key}_first_s"] /= 1e3
+                row[f"{key}_loss"] = _first_loss(loss)
+            medians = _interleaved(steps, opts["steps"], opts["warmup"])
+            row |= {f"{name}_ms": ms for name, ms in medians.items()}
             rows[case] = row
             if rank == 0:
                 print(case, json.dumps(row), flush=True)
@@ -250,7 +261,7 @@ def _report(rows: dict, args: argparse.Namespace) -> str:
         f"thread each. Tiny LLaMA (dim {ARGS.dim}, {ARGS.n_layers} layers, {ARGS.n_heads} "
         f"heads, {ARGS.n_kv_heads} kv heads, vocab {ARGS.vocab_size}), batch {BATCH} x seq "
         f"{SEQ}. Median step (forward + backward + SGD, the slowest rank) over {args.steps} "
-        f"steps after {args.warmup}; the loss (the mean of the logits) is computed outside "
+        f"steps after {args.warmup}, the sides taking turns step by step; the loss (the mean of the logits) is computed outside "
         "the model on both sides; `parallelize` runs the plan's buckets (25 MiB); *first "
         "call*: the parallelized model's first step (trace, check, lower, and compile when "
         "asked).",

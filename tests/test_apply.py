@@ -440,9 +440,10 @@ def test_plan_with_its_own_loss_runs_that_loss(mlp_plans, mlp_results):
 
 @pytest.mark.slow
 def test_compiled_steps_match_one_device(mlp_plans, tmp_path):
-    """parallelize(compile=True): the FSDP-like and routed MLP plans, each lowered step run
-    through torch.compile (Inductor on CPU), match one device with the priced collectives."""
-    plans = {name: mlp_plans[name] for name in ("fsdp", "routes")}
+    """parallelize(compile=True): the FSDP-like, DDP-like and routed MLP plans, each lowered
+    step run through torch.compile (Inductor on CPU), match one device with the priced
+    collectives (the DDP one's gradients in an all-reduce bucket)."""
+    plans = {name: mlp_plans[name] for name in ("fsdp", "ddp", "routes")}
     results = _spawn_cases(tmp_path, plans, compile=True)
     for name, (_, plan) in plans.items():
         assert results[name]["compiled_graphs"] > 0, "torch.compile compiled nothing"
