@@ -82,9 +82,11 @@ def bucket_collectives(
     backward program, whose outputs are gradients) the collectives whose results feed
     only the outputs are merged too, and are not head ones. The rule is
     :func:`autoplan.cost.buckets.bucket_groups`, the one the plan is priced by. An
-    all-reduce bucket runs in place on its flat buffer unless ``in_place`` is false (for
-    ``torch.compile``, whose functionalization refuses an in-place collective and whose
-    Inductor plans buffers itself).
+    all-reduce bucket runs in place on its flat buffer, and a tail bucket's inputs are
+    copied into it as each is computed, unless ``in_place`` is false (for
+    ``torch.compile``: its functionalization refuses an in-place collective and makes
+    each copy into a slice a copy of the whole buffer, while Inductor writes a
+    concatenation's inputs straight into its output).
     """
     if cap_bytes <= 0:
         return []
@@ -257,10 +259,11 @@ def _merge(
     # each reduce-scatter input [g * k, ...] as g rows [g, k...]: rank r's share in row r
     rows = int(extra[1]) if target is _SCATTER else 1
     fn = graph.call_function
-    if tail:
+    fill = tail and in_place
+    if fill:
         flat = _fill_as_computed(graph, group, rows)
     with graph.inserting_before(before):
-        if not tail:
+        if not fill:
             parts = [fn(_aten.reshape.default, (c.args[0], [rows, -1])) for c in group]
             flat = fn(_aten.view.default, (fn(_aten.cat.default, (parts, 1)), [-1]))
         # an all-reduce runs in place on the flat buffer, which nothing else reads

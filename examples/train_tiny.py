@@ -25,10 +25,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.debug import CommDebugMode
 
 from autoplan.apply import parallelize, shard_inputs
-from autoplan.execute import collective_counts
+from autoplan.execute import CommCounter, collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.plan import Plan
 
@@ -61,8 +60,8 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     torch.set_num_threads(1)
-    # CommDebugMode's module tracker warns about a module (the planned one) whose
-    # forward runs no submodules; the counts it keeps are unaffected.
+    # CommCounter's module tracker (CommDebugMode's) warns about a module (the planned
+    # one) whose forward runs no submodules; the counts it keeps are unaffected.
     warnings.filterwarnings("ignore", message="The module hierarchy tracking")
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     dist.init_process_group("gloo")
@@ -93,13 +92,13 @@ def main() -> None:
         # every rank holds the whole batch's labels: replicated, DTensor slices them locally
         # to wherever the plan put the logits (no communication)
         placed_labels = DTensor.from_local(labels, mesh, [Replicate()] * mesh.ndim)
-        with CommDebugMode() as comm:
+        with CommCounter() as comm:
             logits = model(sharded.to_local())  # each rank passes its local shard
             counted = comm.get_comm_counts()  # the forward program's collectives
         # the loss on the logits DTensor, as a plain replicated tensor: DTensor reduces it
         # (its own collectives, outside the plan's and not counted)
         loss = cross_entropy(logits, placed_labels).full_tensor()
-        with CommDebugMode() as comm:
+        with CommCounter() as comm:
             loss.backward()
             counted = {k: v + comm.get_comm_counts().get(k, 0) for k, v in counted.items()}
         opt.step()

@@ -23,7 +23,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
-from autoplan.execute import collective_counts
+from autoplan.execute import CommCounter, collective_counts
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
@@ -35,15 +35,6 @@ from tests.test_planner import SLOW_DEVICES
 WORLD = 4
 RTOL, ATOL = 1e-4, 1e-5
 MLP_NUMEL = 2 * 2 * 64 * 256
-
-
-class _CommCounter(CommDebugMode):
-    """CommDebugMode also counting the in-place all-reduce a gradient bucket runs on its
-    own flat buffer (torch's list has the out-of-place functional collectives only)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.comm_registry.add(torch.ops._c10d_functional.all_reduce_)
 
 
 def _mlp() -> torch.nn.Module:
@@ -164,7 +155,7 @@ def _check_case(
     # The first call traces, here inside a user's debug mode (its hooks must not leak into
     # the trace). A compiled step runs outside any dispatch mode (Dynamo would not compile
     # under one), so its collectives are checked in the lowered graph only.
-    debug = contextlib.nullcontext if compile else _CommCounter
+    debug = contextlib.nullcontext if compile else CommCounter
     with debug():
         step().backward()
     pmodel.zero_grad()
