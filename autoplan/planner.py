@@ -27,6 +27,7 @@ from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.untie import solve_untying
+from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
@@ -111,8 +112,15 @@ def plan(
     loss_fn: LossFn | None = None,
     pins: Mapping[str, PinSpec] | None = None,
     progress: Progress | None = None,
+    broadcast_from: int | None = None,
 ) -> Plan:
     """Find the cheapest sharding of ``model`` on ``mesh``.
+
+    ``mesh`` is a planning mesh (:func:`autoplan.fake_mesh`) or, inside a job, the job's
+    own mesh: planning reads its shape and names and runs no collective. With
+    ``broadcast_from=r`` only rank ``r`` plans and every rank of the job receives its
+    plan (:mod:`autoplan.job`); without, each process plans for itself (deterministic,
+    unless a solver time limit cuts a solve short).
 
     ``input_placements`` fixes the placements of the model's inputs (one
     entry per input; ``None`` leaves one free); ``output_placements`` fixes
@@ -121,6 +129,22 @@ def plan(
     parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
     Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
+    if broadcast_from is not None:
+        return plan_on_one_rank(
+            lambda: plan(
+                model,
+                input_fn,
+                mesh,
+                config=config,
+                input_placements=input_placements,
+                output_placements=output_placements,
+                loss_fn=loss_fn,
+                pins=pins,
+                progress=progress,
+            ),
+            mesh,
+            broadcast_from,
+        )
     config = config or PlanConfig()
     timings: dict[str, float] = {}
     done = _timed(timings, "trace", progress)

@@ -1,11 +1,13 @@
-"""Plan a tiny LLaMA on a 2x2 (dp, tp) mesh, apply the plan on gloo, train 5 SGD steps.
+"""Plan a tiny LLaMA on a 2x2 (dp, tp) mesh inside the job, apply the plan on gloo, train
+5 SGD steps.
 
 Run: ``torchrun --nproc-per-node 4 examples/train_tiny.py``
 
-Planning uses a fake process group, which must not share a process with the real gloo
-group, so rank 0 plans in a spawned child process and broadcasts the plan as JSON. Rank 0
-also trains a single-device copy of the model on the same batches and prints, per step,
-the parallel loss and its difference from the single-device loss.
+Every rank builds the job's mesh and calls ``autoplan.plan`` on it with
+``broadcast_from=0``: rank 0 plans (on fake tensors, no collective) and every rank
+receives its plan. Rank 0 also trains a single-device copy of the model on the same
+batches and prints, per step, the parallel loss and its difference from the
+single-device loss.
 
 The parallelized model runs the planned forward program and returns the logits as a
 DTensor in the plan's output placement; the cross-entropy on them (labels placed like
@@ -17,7 +19,6 @@ and prints them beside the ones the plan priced.
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import warnings
 
 import torch
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
+import autoplan
 from autoplan.apply import parallelize, shard_inputs
 from autoplan.execute import CommCounter, collective_counts
 from autoplan.models.llama3 import Transformer, tiny
@@ -36,21 +38,19 @@ STEPS, LR, BATCH, SEQ = 5, 0.5, 8, 16
 MEMORY_BUDGET_GIB = 0.0006  # below the 1.75 MiB of a replicated model: the plan must shard
 
 
-def make_plan_json() -> str:
-    """Plan on a fake mesh; runs in a fresh process (see the module docstring)."""
-    import autoplan
-
+def make_plan(mesh) -> Plan:
+    """Plan on the job's mesh: rank 0 plans, every rank gets the plan."""
     with torch.device("meta"):
         model = Transformer(tiny(2))
-    plan = autoplan.plan(
+    return autoplan.plan(
         model,
         lambda: torch.randint(0, 128, (BATCH, SEQ)),
-        autoplan.fake_mesh(MESH_SHAPE, AXES),
+        mesh,
         input_placements=[INPUT_PLACEMENT],
         # CBC (the default) plans this budgeted ILP in about 4 s here, HiGHS in 10 s (2 cores).
         config=autoplan.PlanConfig(memory_budget_gib=MEMORY_BUDGET_GIB),
+        broadcast_from=0,
     )
-    return plan.to_json()
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -66,16 +66,11 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    box = [None]
-    if rank == 0:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            box[0] = pool.apply(make_plan_json)
-    dist.broadcast_object_list(box, src=0)
-    plan = Plan.from_json(box[0])
+    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=AXES)
+    plan = make_plan(mesh)
     if rank == 0:
         print(plan.summary(), flush=True)
 
-    mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
     torch.manual_seed(0)
     model = Transformer(tiny(2))
     model.init_weights(seed=0)

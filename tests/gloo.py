@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 
 def free_port() -> int:
@@ -27,3 +34,27 @@ def exit_worker() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_workers(fn, world: int, out_dir: str, *args) -> list:
+    """``fn(rank, *args)`` on ``world`` gloo processes (one thread each), the default group
+    initialized around it; returns each rank's JSON-serializable result, in rank order."""
+    mp.spawn(_worker, args=(fn, world, free_port(), out_dir, args), nprocs=world, join=True)
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _worker(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
+    try:
+        result = fn(rank, *args)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+    exit_worker()

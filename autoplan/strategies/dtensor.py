@@ -246,12 +246,21 @@ def init_fake_process_group(world_size: int) -> None:
     """(Re)initialize a fake process group of ``world_size`` ranks on this one CPU.
 
     The ``"fake"`` backend runs no collective; it only lets ``DeviceMesh``
-    exist for planning.
+    exist for planning. Raises ``RuntimeError`` when another backend's group (a job's)
+    is initialized.
     """
     if dist.is_initialized():
-        if dist.get_world_size() == world_size and dist.get_backend() == "fake":
+        if dist.get_backend() != "fake":  # a job's group: never replaced
+            raise RuntimeError(
+                f"a process group is initialized in this process (backend "
+                f"{dist.get_backend()!r}, {dist.get_world_size()} ranks), and a fake one for "
+                "planning would replace it. Inside a job, pass the job's mesh to autoplan.plan "
+                "(e.g. init_device_mesh('cuda', (2, 4), mesh_dim_names=('dp', 'tp'))): it plans "
+                "on that mesh's shape and names and runs no collective."
+            )
+        if dist.get_world_size() == world_size:
             return
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # a fake group of another size: planning's own
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
