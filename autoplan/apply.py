@@ -64,6 +64,10 @@ def parallelize(
       ``init_fn`` the values are uninitialized memory). ``init_fn`` runs while buffers are
       still plain tensors, so it may fill them with ordinary tensor ops; parameters are
       DTensors by then, so it must use ops DTensor supports (``nn.init.*`` does).
+      A meta model with non-persistent buffers (in no state dict) needs ``init_fn``:
+      without it ``parallelize`` raises. Weights may also come from a full state dict
+      afterwards: ``set_model_state_dict(model, full, options=StateDictOptions(
+      full_state_dict=True, broadcast_from_rank0=True))`` (rank 0 holds it).
 
     ``loss_fn`` is the loss the plan was made with (``autoplan.plan(..., loss_fn=...)``);
     the module's call then returns that loss. Without one (the default) the call returns
@@ -92,6 +96,8 @@ def parallelize(
         )
     targets = _param_placements(model, plan, mesh.ndim)
     is_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    if is_meta and init_fn is None:
+        _refuse_unfilled_buffers(model)
 
     done: dict[int, nn.Parameter] = {}  # tied parameters stay tied
     for mod_name, module in model.named_modules():
@@ -128,6 +134,25 @@ def parallelize(
     )
     install(model, state)
     return model
+
+
+def _refuse_unfilled_buffers(model: nn.Module) -> None:
+    """A meta model's non-persistent buffers (RoPE tables, masks) are in no state dict, so
+    without ``init_fn`` nothing would ever fill them: the model would compute silently
+    on uninitialized memory."""
+    names = [
+        f"{mod_name}.{name}" if mod_name else name
+        for mod_name, module in model.named_modules()
+        for name, buf in module.named_buffers(recurse=False)
+        if buf is not None and buf.is_meta and name in module._non_persistent_buffers_set
+    ]
+    if names:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise ValueError(
+            f"{type(model).__name__} is on the meta device and has non-persistent buffers "
+            f"({shown}) that no state dict holds: pass init_fn= to parallelize to compute "
+            "them (e.g. the model's own buffer or weight initializer), then load the weights."
+        )
 
 
 def _param_placements(model: nn.Module, plan: Plan, num_axes: int) -> dict[str, Placements]:
