@@ -35,7 +35,6 @@ import torch
 from torch import fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.debug import CommDebugMode
 
 from autoplan.graph import map_args, tensor_args
 from autoplan.placements import Placements, fmt, is_strided, parse, plain
@@ -58,14 +57,7 @@ LOCAL_OPS = frozenset({torch.ops.aten.einsum.default})
 # is DTensor's own, checked on local shards (tests/test_strategy_execution.py).
 STRIDED_LOCAL_OPS = MM_FAMILY
 
-__all__ = [
-    "CommCounter",
-    "PlannedGraph",
-    "collective_counts",
-    "flatten_mesh_groups",
-    "move",
-    "op_name",
-]
+__all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups", "move", "op_name"]
 
 _KINDS = {
     "all_gather_into_tensor": "all_gather",
@@ -75,17 +67,6 @@ _KINDS = {
     "all_to_all_single": "all_to_all",
     "shard_dim_alltoall": "all_to_all",
 }
-
-
-class CommCounter(CommDebugMode):
-    """torch's ``CommDebugMode``, also counting the in-place all-reduce a lowered step's
-    gradient buckets run on their own flat buffer (torch's list has the out-of-place
-    functional collectives only). ``collective_counts(c.get_comm_counts())`` then gives
-    what a step ran in ``plan.comm``'s vocabulary."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.comm_registry.add(torch.ops._c10d_functional.all_reduce_)
 
 
 def collective_counts(comm_counts: dict[Any, int]) -> dict[str, int]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.bucket import (
@@ -43,10 +44,21 @@ from autoplan.fold_views import fold_views
 from autoplan.placements import Placements, fmt
 from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
 
-__all__ = ["LoweredStep", "OutputSpec", "SavedValue", "defer_waits", "lower"]
+__all__ = ["CommCounter", "LoweredStep", "OutputSpec", "SavedValue", "defer_waits", "lower"]
 
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
 _TANGENT = "tangents_"  # the partitioner's name for the cotangent placeholders
+
+
+class CommCounter(CommDebugMode):
+    """torch's ``CommDebugMode``, also counting the in-place all-reduce a lowered step's
+    gradient buckets run on their own flat buffer (torch's list has the out-of-place
+    functional collectives only). ``collective_counts(c.get_comm_counts())`` then gives
+    what a step ran in ``plan.comm``'s vocabulary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.comm_registry.add(torch.ops._c10d_functional.all_reduce_)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from torch.distributed.tensor import DTensor, Replicate
 
 import autoplan
 from autoplan.apply import parallelize, shard_inputs
-from autoplan.execute import CommCounter, collective_counts
+from autoplan.execute import collective_counts
+from autoplan.lower import CommCounter
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.plan import Plan
 

@@ -23,7 +23,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
-from autoplan.execute import CommCounter, collective_counts
+from autoplan.execute import collective_counts
+from autoplan.lower import CommCounter
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
