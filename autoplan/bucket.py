@@ -36,6 +36,7 @@ import torch
 from torch import fx
 
 from autoplan.cost.buckets import RESHAPING, bucket_groups, op_name
+from autoplan.graph import tensor_val
 from autoplan.strategies.dtensor import mutates
 
 __all__ = [
@@ -117,7 +118,7 @@ def _merge_all(
     """One pass: the collectives ``member`` selects, grouped and merged; head buckets
     (``head`` given) issued one bucket ahead, tail buckets at their last member."""
     waits = {c: _only_wait(c) for c in graph.nodes if c.target in _KIND}
-    waits = {c: w for c, w in waits.items() if w is not None and _val(c.args[0]) is not None}
+    waits = {c: w for c, w in waits.items() if w is not None and tensor_val(c.args[0]) is not None}
     members = [c for c, w in waits.items() if member(c, w)]
     upstream = _upstream(graph, members)
     keys = [_key(c) for c in members]
@@ -163,14 +164,15 @@ def _only_wait(collective: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 and users[0].target is _WAIT else None
 
 
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
+def _input(collective: fx.Node) -> torch.Tensor:
+    """A member's traced input (every member has one: ``_merge_all`` keeps no other)."""
+    val = tensor_val(collective.args[0])
+    assert val is not None
+    return val
 
 
 def _nbytes(collective: fx.Node) -> int:
-    val = _val(collective.args[0])
-    assert val is not None
+    val = _input(collective)
     return val.numel() * val.element_size()
 
 
@@ -217,9 +219,7 @@ def _tail(graph: fx.Graph) -> set[fx.Node]:
 
 
 def _key(collective: fx.Node) -> tuple[object, ...]:
-    val = _val(collective.args[0])
-    assert val is not None
-    return (collective.target, *collective.args[1:], val.element_size())
+    return (collective.target, *collective.args[1:], _input(collective).element_size())
 
 
 def _size(collective: fx.Node) -> int:
@@ -273,7 +273,7 @@ def _merge(
             done = fn(_aten.view.default, (done, [int(extra[0]), -1]))
         pieces, offset = [], 0
         for c in group:
-            out = _val(waits[c])
+            out = tensor_val(waits[c])
             assert out is not None
             # an all_gather's piece is a column block of every rank's row
             width = out.numel() // int(extra[0]) if target is _GATHER else out.numel()
@@ -309,20 +309,19 @@ def _fill_as_computed(graph: fx.Graph, group: list[fx.Node], rows: int) -> fx.No
     computed: while still in cache (a copy of them all at the end reads them back from
     memory), as DDP copies each gradient into its bucket when autograd makes it."""
     inputs = [c.args[0] for c in group]
-    vals = [_val(x) for x in inputs]
-    index = _index(graph)
-    first = min(inputs, key=index.__getitem__)
-    with graph.inserting_after(first):
-        last = graph.call_function(
-            _aten.new_empty.default, (first, [sum(v.numel() for v in vals if v is not None)])
-        )
+    sizes = [_input(c).numel() for c in group]
+    index = _index(graph)  # inserting nodes keeps the order of those already there
+    anchor = min(inputs, key=index.__getitem__)
+    with graph.inserting_after(anchor):
+        last = graph.call_function(_aten.new_empty.default, (anchor, [sum(sizes)]))
     offset = 0
-    for x, val in zip(inputs, vals, strict=True):
-        assert val is not None
-        index = _index(graph)
-        with graph.inserting_after(max(x, last, key=index.__getitem__)):
+    for x, size in zip(inputs, sizes, strict=True):
+        # after the input, or after the previous fill if that comes later
+        where = x if index[x] > index[anchor] else last
+        anchor = max(x, anchor, key=index.__getitem__)
+        with graph.inserting_after(where):
             last = graph.call_function(bucket_fill, (last, rows, offset, x))
-        offset += val.numel() // rows
+        offset += size // rows
     return last
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
+from autoplan.graph import tensor_val
+
 __all__ = ["fold_views"]
 
 _aten = torch.ops.aten
@@ -56,15 +58,15 @@ def fold_views(graph: fx.Graph) -> int:
     length: dict[fx.Node, int] = {}  # ops from the chain input
     for node in list(graph.nodes):
         src = node.args[0] if node.op == "call_function" and node.target in VIEWS else None
-        if not isinstance(src, fx.Node) or _val(node) is None or _val(src) is None:
+        if not isinstance(src, fx.Node) or tensor_val(node) is None or tensor_val(src) is None:
             continue
         first = root.get(src, src)
-        start = replay[src] if src in root else _contiguous(_val(first))
+        start = replay[src] if src in root else _contiguous(tensor_val(first))
         again = _apply(node, start)
         if again is None:  # not a function of a contiguous chain input: a new chain starts
             continue
         root[node], replay[node], length[node] = first, again, length.get(src, 0) + 1
-        fold = _fold(_val(first), _val(node), replay[node])
+        fold = _fold(tensor_val(first), tensor_val(node), replay[node])
         # a program's outputs keep their nodes: its signature and saved list name them
         returned = any(u.op == "output" for u in node.users)
         if fold is not None and _length(fold) < length[node] and not returned:
@@ -75,19 +77,12 @@ def fold_views(graph: fx.Graph) -> int:
     return before - len(graph.nodes)
 
 
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _contiguous(val: torch.Tensor) -> torch.Tensor:
     return torch.empty(val.shape, dtype=val.dtype, device="meta")
 
 
-def _apply(node: fx.Node, x: torch.Tensor | None) -> torch.Tensor | None:
+def _apply(node: fx.Node, x: torch.Tensor) -> torch.Tensor | None:
     """``node``'s op on the meta tensor ``x``, or None when it cannot run there."""
-    if x is None:
-        return None
     try:
         return node.target(x, *node.args[1:], **node.kwargs)
     except RuntimeError:  # a view the traced layout allowed and a contiguous one does not
@@ -167,15 +162,12 @@ def _replace(graph: fx.Graph, node: fx.Node, first: fx.Node, fold: _Fold) -> fx.
     with graph.inserting_before(node):
         for op, arg in ((_aten.permute.default, perm), (_aten.view.default, shape)):
             if arg is not None:
-                out = _call(graph, op, out, list(arg), node)
+                out = _call(graph, op, out, list(arg))
     node.replace_all_uses_with(out)
     return out
 
 
-def _call(
-    graph: fx.Graph, op: Callable[..., torch.Tensor], x: fx.Node, arg: list[int], like: fx.Node
-) -> fx.Node:
+def _call(graph: fx.Graph, op: Callable[..., torch.Tensor], x: fx.Node, arg: list[int]) -> fx.Node:
     made = graph.call_function(op, (x, arg))
-    made.meta = dict(like.meta)  # its traced value is recomputed below
-    made.meta["val"] = op(_val(x), arg)
+    made.meta["val"] = op(tensor_val(x), arg)
     return made

@@ -20,6 +20,12 @@ def is_tensor_node(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
 
 
+def tensor_val(node: object) -> torch.Tensor | None:
+    """The traced tensor of ``node`` (``meta["val"]``), or None for anything else."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
 def tensor_args(node: fx.Node) -> list[fx.Node]:
     """The tensor inputs of ``node``, in argument order (lists flattened, kwargs last)."""
     out: list[fx.Node] = []

@@ -129,31 +129,19 @@ def plan(
     parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
     Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
-    if broadcast_from is not None:
-        return plan_on_one_rank(
-            lambda: plan(
-                model,
-                input_fn,
-                mesh,
-                config=config,
-                input_placements=input_placements,
-                output_placements=output_placements,
-                loss_fn=loss_fn,
-                pins=pins,
-                progress=progress,
-            ),
-            mesh,
-            broadcast_from,
-        )
-    config = config or PlanConfig()
-    timings: dict[str, float] = {}
-    done = _timed(timings, "trace", progress)
-    traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=config.param_torch_dtype)
-    done()
-    with _frozen_heap():
-        return _plan_traced(
-            traced, mesh, config, timings, input_placements, output_placements, pins, progress
-        )
+
+    def here() -> Plan:
+        cfg = config or PlanConfig()
+        timings: dict[str, float] = {}
+        done = _timed(timings, "trace", progress)
+        traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=cfg.param_torch_dtype)
+        done()
+        with _frozen_heap():
+            return _plan_traced(
+                traced, mesh, cfg, timings, input_placements, output_placements, pins, progress
+            )
+
+    return here() if broadcast_from is None else plan_on_one_rank(here, mesh, broadcast_from)
 
 
 @contextlib.contextmanager

@@ -202,8 +202,8 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
                 key = "compiled" if compiled else "eager"
                 steps[key] = _sgd_step(pm, opt, lambda p=pm, x=x_local: _loss(p(x)))
                 # the first step traces and lowers (and compiles) once
-                row[f"{key}_first_s"], loss = _time_step(steps[key])
-                row[f"{key}_first_s"] /= 1e3
+                ms, loss = _time_step(steps[key])
+                row[f"{key}_first_s"] = ms / 1e3
                 row[f"{key}_loss"] = _first_loss(loss)
             medians = _interleaved(steps, opts["steps"], opts["warmup"])
             row |= {f"{name}_ms": ms for name, ms in medians.items()}

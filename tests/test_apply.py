@@ -9,14 +9,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.debug import CommDebugMode
@@ -30,7 +26,7 @@ from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
 from autoplan.runfile import load_topology
-from tests.gloo import exit_worker, free_port
+from tests.gloo import run_workers
 from tests.test_planner import SLOW_DEVICES
 
 WORLD = 4
@@ -277,42 +273,29 @@ def _hand_plan(model: torch.nn.Module, placed: dict, mesh_shape, axis_names) -> 
     )
 
 
-def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        results = {}
-        for case in cases:
-            if case["kind"] == "meta":
-                mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp",))
-                results[case["name"]] = _check_meta(mesh)
-                continue
-            plan = Plan.from_json(case["plan"])
-            mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
-            results[case["name"]] = _check_case(
-                case["kind"],
-                plan,
-                mesh,
-                case.get("loss", "mean"),
-                case.get("compile", False),
-                case.get("bucket_mib"),
-            )
-        if rank == 0:
-            Path(out_dir, "results.json").write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
-    exit_worker()
+def _cases(rank: int, cases: list[dict]) -> dict:
+    """Every case on this rank, in order (one spawn of 4 processes runs them all)."""
+    results = {}
+    for case in cases:
+        if case["kind"] == "meta":
+            mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp",))
+            results[case["name"]] = _check_meta(mesh)
+            continue
+        plan = Plan.from_json(case["plan"])
+        mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
+        results[case["name"]] = _check_case(
+            case["kind"],
+            plan,
+            mesh,
+            case.get("loss", "mean"),
+            case.get("compile", False),
+            case.get("bucket_mib"),
+        )
+    return results
 
 
 def _run(cases: list[dict], tmp_path: Path) -> dict:
-    mp.spawn(_worker, args=(free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
-    return json.loads(Path(tmp_path, "results.json").read_text())
+    return run_workers(_cases, WORLD, str(tmp_path), cases)[0]
 
 
 def _assert_matches(result: dict, plan: Plan) -> None:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import textwrap
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
@@ -26,7 +22,7 @@ from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
-from tests.gloo import exit_worker, free_port
+from tests.gloo import run_workers
 
 pytest.importorskip("transformers")
 
@@ -258,26 +254,13 @@ def _check(case: dict, mesh) -> dict:
     }
 
 
-def _worker(rank: int, port: int, cases: list[dict], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=120),
-    )
-    try:
-        results = {}
-        for case in cases:
-            plan = Plan.from_json(case["plan"])
-            mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
-            results[case["name"]] = _check(case, mesh)
-        if rank == 0:
-            Path(out_dir, "results.json").write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
-    exit_worker()
+def _cases(rank: int, cases: list[dict]) -> dict:
+    results = {}
+    for case in cases:
+        plan = Plan.from_json(case["plan"])
+        mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
+        results[case["name"]] = _check(case, mesh)
+    return results
 
 
 def _case(name: str, path: Path, overrides: list[str]) -> dict:
@@ -303,8 +286,7 @@ def test_hf_plans_execute_on_4_gloo_ranks(tmp_path):
         _case("llama", LLAMA, []),
         _case("llama_tight", LLAMA, ["plan.memory_budget_gib=0.0006", "plan.solver=highs"]),
     ]
-    mp.spawn(_worker, args=(free_port(), cases, str(tmp_path)), nprocs=WORLD, join=True)
-    results = json.loads(Path(tmp_path, "results.json").read_text())
+    results = run_workers(_cases, WORLD, str(tmp_path), cases)[0]
     for name, result in results.items():
         assert result["loss"][0], f"{name}: loss differs by {result['loss'][1]:.3g}"
         assert not result["missing_grads"], (name, result["missing_grads"])
