@@ -240,7 +240,8 @@ def lower(
     ]
     with isolated_trace(), torch.no_grad():
         gm = make_fx(joint, tracing_mode="fake")(local_primals, local_tangents)
-    gm.graph.eliminate_dead_code()
+    # a collective whose result nothing reads is dead here as in the split programs
+    gm.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     gm.recompile()
     forward, backward = _partition(gm, len(outputs))
     for program in (forward, backward):
