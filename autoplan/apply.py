@@ -23,7 +23,7 @@ Parameters placed ``Partial`` or ``_StridedShard`` are not supported yet and rai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from autoplan.execute import flatten_mesh_groups
+from autoplan.inputs import InputKey, call_form, flatten_inputs, label
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.planned_module import PlannedState, install
@@ -83,10 +84,16 @@ def parallelize(
     Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
     the plan does not list (planning traces only trainable ones) is replicated.
 
-    Raises ``ValueError`` when ``mesh`` does not have the plan's shape or a parameter is
+    Raises ``ValueError`` for an infeasible plan, when ``mesh`` does not have the plan's
+    shape or a parameter is
     missing from the plan or has another shape, and ``NotImplementedError`` when a
     parameter is placed ``Partial`` or ``_StridedShard``.
     """
+    if plan.status == "infeasible":
+        raise ValueError(
+            f"the plan is infeasible, it places nothing: {plan.message or 'no plan fits'} "
+            "Plan again with what the message suggests, then apply that plan."
+        )
     if tuple(mesh.shape) != tuple(plan.mesh_shape):
         raise ValueError(
             f"mesh shape {tuple(mesh.shape)} does not match the plan's mesh_shape "
@@ -198,36 +205,66 @@ def _replicate_buffers(model: nn.Module, mesh: DeviceMesh) -> None:
 
 
 def shard_inputs(
-    inputs: torch.Tensor | tuple[torch.Tensor, ...],
-    placements: Plan | Sequence[Sequence[Placement] | str],
+    inputs: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    placements: Plan
+    | Sequence[Sequence[Placement] | str]
+    | Mapping[str, Sequence[Placement] | str],
     mesh: DeviceMesh,
-) -> tuple[DTensor, ...]:
+) -> tuple[DTensor, ...] | dict[str, DTensor]:
     """Turn a GLOBAL batch (the same tensors on every rank) into DTensors to feed the model.
 
+    ``inputs`` has the form ``input_fn`` returned when planning: a tensor, a tuple, or a
+    dict of keyword tensors (then a dict comes back, for ``model(**batch)``).
     ``placements`` is the plan itself (its input placements are used) or one entry per
     input, the same ones passed to ``autoplan.plan`` as ``input_placements``: a tuple of
-    DTensor placements or a short string such as ``"S(0)R"``. Rank 0's values are the
-    source, so ranks need not hold bitwise-equal batches; each keeps only its shard. A
-    parallelized model takes these DTensors, or their ``to_local()`` shards.
+    DTensor placements or a short string such as ``"S(0)R"`` (a dict keyed like the
+    batch for a dict). Rank 0's values are the source, so ranks need not hold
+    bitwise-equal batches; each keeps only its shard. A parallelized model takes these
+    DTensors, or their ``to_local()`` shards.
     """
+    keys, tensors = flatten_inputs(inputs, "shard_inputs' batch")
     if isinstance(placements, Plan):
-        placements = input_placements(placements)
-    tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        placements = _keyed_placements(placements, keys)
+    elif isinstance(placements, Mapping):
+        absent = [k for k in keys if k not in placements]
+        if absent:
+            raise ValueError(
+                f"shard_inputs: placements has no entry for input {absent[0]!r}; give one "
+                "per key of the batch."
+            )
+        placements = [placements[k] for k in keys]
     if len(tensors) != len(placements):
         raise ValueError(
             f"shard_inputs got {len(tensors)} inputs but {len(placements)} placements; "
             "give one placement per input, as in plan(..., input_placements=...)."
         )
     out = []
-    for i, (t, spec) in enumerate(zip(tensors, placements, strict=True)):
+    for key, t, spec in zip(keys, tensors, placements, strict=True):
         where = parse(spec, mesh.ndim) if isinstance(spec, str) else tuple(spec)
         if len(where) != mesh.ndim:
             raise ValueError(
-                f"placements[{i}] = {fmt(where)} has {len(where)} entries; the mesh has "
-                f"{mesh.ndim} axes. Give one placement per mesh axis."
+                f"the placement of {label(key)}, {fmt(where)}, has {len(where)} entries; the "
+                f"mesh has {mesh.ndim} axes. Give one placement per mesh axis."
             )
         out.append(distribute_tensor(t, mesh, list(where)))
-    return tuple(out)
+    args, kwargs = call_form(keys, out)
+    return kwargs if isinstance(inputs, Mapping) else args
+
+
+def _keyed_placements(plan: Plan, keys: Sequence[InputKey]) -> list[Placements]:
+    """The plan's input placements in the order of a batch's ``keys``."""
+    planned = plan.input_keys or tuple(range(len(input_placements(plan))))
+    by_key = dict(zip(planned, input_placements(plan), strict=True))
+    if set(keys) != set(planned):
+        raise ValueError(
+            f"shard_inputs: the batch has inputs {_keys(keys)} but the plan was made for "
+            f"{_keys(planned)}; pass a batch of the form input_fn returned when planning."
+        )
+    return [by_key[k] for k in keys]
+
+
+def _keys(keys: Sequence[InputKey]) -> str:
+    return ", ".join(str(k) if isinstance(k, int) else repr(k) for k in keys) or "none"
 
 
 def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:

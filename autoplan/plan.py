@@ -44,6 +44,9 @@ class Plan:
     collectives of ``comm`` that run merged (:mod:`autoplan.cost.buckets`): kind,
     ``where`` (head: parameter gathers; tail: gradient reductions), mesh ``axes``,
     ``members``, ``bytes``, merged price ``us`` and the members' own ``us_alone``.
+    ``input_shapes`` and ``input_keys`` give each input's global shape and its position
+    or keyword (:mod:`autoplan.inputs`), in the graph's input order; plans saved before
+    keys were recorded have none (positional inputs).
     """
 
     status: str
@@ -64,6 +67,7 @@ class Plan:
     solver: str = "cbc"
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    input_keys: tuple[int | str, ...] = ()
     fallback_ops: tuple[str, ...] = ()
     stats: dict[str, float] = field(default_factory=dict)
     routes: dict[str, list[str]] = field(default_factory=dict)
@@ -103,6 +107,7 @@ class Plan:
         d["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
         d["fallback_ops"] = list(self.fallback_ops)
         d["input_shapes"] = [list(s) for s in self.input_shapes]
+        d["input_keys"] = list(self.input_keys)
         return json.dumps(d, indent=1, sort_keys=True)
 
     def save(self, path: str | Path) -> None:
@@ -127,6 +132,7 @@ class Plan:
         d["param_shapes"] = {k: tuple(v) for k, v in d.get("param_shapes", {}).items()}
         d["fallback_ops"] = tuple(d.get("fallback_ops", ()))
         d["input_shapes"] = tuple(tuple(s) for s in d.get("input_shapes", ()))
+        d["input_keys"] = tuple(d.get("input_keys", ()))
         return cls(**d)
 
     @classmethod

@@ -20,7 +20,7 @@ later call runs those programs only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from autoplan.config import DTYPES
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, op_name
 from autoplan.graph import fingerprint
+from autoplan.inputs import InputKey, call_form, label, match_call
 from autoplan.lower import LoweredStep, OutputSpec, lower
 from autoplan.placements import Placements, fmt, shard_degrees
 from autoplan.plan import Plan
@@ -61,40 +62,37 @@ class PlannedState:
         self.mm_mode = cfg.get("mm_mode", "einsum")
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
         self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
+        # plans saved before input keys were recorded took positional inputs only
+        self.keys = plan.input_keys or tuple(range(len(self.placements)))
         self.steps: dict[tuple[Any, ...], LoweredStep] = {}
         self._traced: dict[tuple[Any, ...], TracedGraph] = {}
 
-    def inputs(self, args: Sequence[Any]) -> tuple[DTensor, ...]:
-        if len(args) != len(self.placements):
-            raise TypeError(
-                f"the parallelized model takes {len(self.placements)} inputs (as planned), got "
-                f"{len(args)}."
-            )
+    def inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[DTensor, ...]:
+        """A call's inputs as DTensors in the planned order and placements, checked against
+        the planned keys and global shapes."""
+        values = match_call(self.keys, args, kwargs)
         out = []
-        planned = self.plan.input_shapes or (None,) * len(args)
-        for i, (x, want) in enumerate(zip(args, self.placements, strict=True)):
-            if isinstance(x, DTensor):
-                if tuple(x.placements) != want:
-                    x = x.redistribute(self.mesh, want)
-                out.append(x)
-            elif isinstance(x, torch.Tensor):
-                deg = shard_degrees(want, self.mesh.shape, x.ndim)
-                shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
-                stride = torch.empty(shape, device="meta").stride()
-                out.append(
-                    DTensor.from_local(
-                        x, self.mesh, want, run_check=False, shape=shape, stride=stride
-                    )
-                )
-            else:
-                raise TypeError(f"input {i} is a {type(x).__name__}; pass tensors (local shards).")
-            if planned[i] is not None and tuple(out[-1].shape) != tuple(planned[i]):
+        planned = self.plan.input_shapes or (None,) * len(values)
+        for key, x, want, shape in zip(self.keys, values, self.placements, planned, strict=True):
+            out.append(self._placed(key, x, want))
+            if shape is not None and tuple(out[-1].shape) != tuple(shape):
                 raise ValueError(
-                    f"input {i} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} on "
-                    f"mesh {tuple(self.mesh.shape)}) but the plan was made for {tuple(planned[i])}; "
-                    "pass each rank's shard of a batch of the planned shape, or plan again."
+                    f"{label(key)} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} "
+                    f"on mesh {tuple(self.mesh.shape)}) but the plan was made for "
+                    f"{tuple(shape)}; pass each rank's shard of a batch of the planned shape, "
+                    "or plan again."
                 )
         return tuple(out)
+
+    def _placed(self, key: InputKey, x: Any, want: Placements) -> DTensor:
+        if isinstance(x, DTensor):
+            return x if tuple(x.placements) == want else x.redistribute(self.mesh, want)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{label(key)} is a {type(x).__name__}; pass tensors (local shards).")
+        deg = shard_degrees(want, self.mesh.shape, x.ndim)
+        shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(x, self.mesh, want, run_check=False, shape=shape, stride=stride)
 
     def step(
         self,
@@ -110,8 +108,11 @@ class PlannedState:
         key = (*shapes, "train" if model.training else "eval")
         if key not in self.steps:
 
-            def example() -> tuple[torch.Tensor, ...]:  # called under trace_joint's fake mode
-                return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in shapes)
+            def example() -> Any:  # called under trace_joint's fake mode, as input_fn was
+                args, kwargs = call_form(
+                    self.keys, [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
+                )
+                return kwargs if kwargs else args
 
             with _original_class(model):
                 traced = trace_joint(
@@ -249,9 +250,9 @@ def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
     )  # fmt: skip
 
 
-def _planned_forward(self: nn.Module, *args: Any) -> Any:
+def _planned_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: PlannedState = self._autoplan_state
-    inputs = state.inputs(args)
+    inputs = state.inputs(args, kwargs)
     # the trace's order: trainable parameters, then every buffer (trace_joint)
     ps = [p for p in self.parameters() if p.requires_grad]
     bs = list(self.buffers())

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from torch import nn
+from torch.distributed.tensor import Placement
 
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins, untie
@@ -39,6 +40,8 @@ from autoplan.trace import LossFn, TracedGraph, trace_joint
 
 Progress = Callable[[str], None]
 PlacementSpec = Sequence[Any] | str
+# one placement for every input, one per input, or one per keyword of input_fn's dict
+InputPlacements = PlacementSpec | Sequence[PlacementSpec] | Mapping[str, PlacementSpec]
 
 
 def _as_placements(spec: PlacementSpec, num_axes: int, what: str) -> Placements:
@@ -82,6 +85,37 @@ def _constrain(
     return allowed
 
 
+def _inputs_by_key(
+    specs: InputPlacements | None,
+    keys: Sequence[int | str],
+) -> Sequence[PlacementSpec] | None:
+    """``input_placements`` as one entry per input in the graph's order (``None``: left to
+    the solver). One placement (``"S(0)R"``) places every input alike, the batch split the
+    same way for the token ids and their labels; a dict is keyed like ``input_fn``'s."""
+    if isinstance(specs, str) or (
+        isinstance(specs, Sequence) and specs and all(isinstance(p, Placement) for p in specs)
+    ):
+        return [specs] * len(keys)
+    if not isinstance(specs, Mapping):
+        return specs
+    unknown = [k for k in specs if k not in keys]
+    if unknown:
+        known = ", ".join(repr(k) for k in keys if isinstance(k, str)) or "none (positional)"
+        raise ValueError(
+            f"input_placements names input {unknown[0]!r}, which input_fn does not return "
+            f"(its keyword inputs: {known}); key the dict by input_fn's keys."
+        )
+    return [specs.get(k) for k in keys]
+
+
+def _scalars_replicated(traced: TracedGraph, num_axes: int) -> list[PlacementSpec | None]:
+    """Every 0-dim output (a loss) replicated, the others free: each rank reads the loss
+    it logs and steps on whole, never a partial sum."""
+    return [
+        "R" * num_axes if traced.node(n).meta["val"].ndim == 0 else None for n in traced.outputs
+    ]
+
+
 def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
     total = 0.0
     for p, mem in costs.memory.items():
@@ -107,7 +141,7 @@ def plan(
     mesh: DeviceMesh,
     *,
     config: PlanConfig | None = None,
-    input_placements: Sequence[PlacementSpec] | None = None,
+    input_placements: InputPlacements | None = None,
     output_placements: Sequence[PlacementSpec] | None = None,
     loss_fn: LossFn | None = None,
     pins: Mapping[str, PinSpec] | None = None,
@@ -122,10 +156,15 @@ def plan(
     plan (:mod:`autoplan.job`); without, each process plans for itself (deterministic,
     unless a solver time limit cuts a solve short).
 
-    ``input_placements`` fixes the placements of the model's inputs (one
-    entry per input; ``None`` leaves one free); ``output_placements`` fixes
+    ``input_fn`` returns the global example inputs: a tensor, a tuple of tensors, or a
+    dict of keyword tensors (``{"input_ids": ..., "labels": ...}``), called under a fake
+    mode (``torch.randint`` in it allocates nothing). ``input_placements`` fixes the
+    placements of the model's inputs: one placement for all (``"S(0)R"``: the batch split
+    on the first axis, labels alike), one entry per input, or a dict keyed like
+    ``input_fn``'s (``None`` or a missing key leaves an input to the solver); ``output_placements`` fixes
     the placement of each output tensor (in the forward's pytree order; the loss's alone
-    when ``loss_fn`` puts a loss inside the graph). ``pins`` fixes the placement of
+    when ``loss_fn`` puts a loss inside the graph); by default a 0-dim output (a loss) is
+    replicated and the others are the solver's choice. ``pins`` fixes the placement of
     parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
     Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
@@ -179,7 +218,7 @@ def _plan_traced(
     mesh: DeviceMesh,
     config: PlanConfig,
     timings: dict[str, float],
-    input_placements: Sequence[PlacementSpec] | None,
+    input_placements: InputPlacements | None,
     output_placements: Sequence[PlacementSpec] | None,
     pins: Mapping[str, PinSpec] | None,
     progress: Progress | None,
@@ -191,7 +230,10 @@ def _plan_traced(
     done = _timed(timings, "strategies", progress)
     table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
     done()
-    allowed = _constrain(table, traced.inputs, input_placements, "input_placements")
+    specs = _inputs_by_key(input_placements, traced.input_keys)
+    allowed = _constrain(table, traced.inputs, specs, "input_placements")
+    if output_placements is None:
+        output_placements = _scalars_replicated(traced, len(table.mesh_shape))
     allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
     pinned = resolve_pins(traced, table, pins)
     for node, mask in pinned.items():
@@ -349,6 +391,7 @@ def _plan_fields(
         "solver": config.solver,
         "param_shapes": shapes,
         "input_shapes": tuple(tuple(traced.node(n).meta["val"].shape) for n in traced.inputs),
+        "input_keys": traced.input_keys,
         "fallback_ops": table.fallback_ops,
         "loss_fn": traced.loss_name,
         "graph_fingerprint": fingerprint(traced.gm),

@@ -1,7 +1,8 @@
 """Stage 1, trace: capture a model's joint forward+backward graph on fake tensors.
 
 Input: an ``nn.Module`` (its parameters may live on the meta device) and a
-function returning the global example inputs. Output: a :class:`TracedGraph`,
+function returning the global example inputs (a tensor, a tuple, or a dict of keyword
+tensors: :mod:`autoplan.inputs`). Output: a :class:`TracedGraph`,
 an aten-level ``torch.fx.GraphModule`` whose placeholders are the parameters,
 buffers, inputs and one cotangent per differentiable output, and whose outputs are
 the model's output tensors and one gradient per parameter, with ``meta["val"]`` (a
@@ -48,6 +49,7 @@ from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autoplan.inputs import InputKey, call_form, flatten_inputs
 from autoplan.strategies.dtensor import (
     FakeTensor,
     FakeTensorMode,
@@ -113,6 +115,8 @@ class TracedGraph:
     out_spec: pytree.TreeSpec | None = None
     # the output's pytree leaves, ``None`` where an output tensor goes (in order)
     out_leaves: tuple[Any, ...] = ()
+    # each input's position or keyword, in the order of ``inputs`` (autoplan.inputs)
+    input_keys: tuple[InputKey, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -142,18 +146,6 @@ def _to_fake(
     return out.requires_grad_(requires_grad)
 
 
-def _example_inputs(input_fn: Callable[[], Any]) -> tuple[torch.Tensor, ...]:
-    inputs = input_fn()
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,)
-    if isinstance(inputs, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in inputs):
-        return tuple(inputs)
-    raise ValueError(
-        f"input_fn must return a tensor or a tuple of tensors, got {type(inputs).__name__}; "
-        "wrap the model if it takes other arguments"
-    )
-
-
 def trace_joint(
     model: nn.Module,
     input_fn: Callable[[], Any],
@@ -161,7 +153,8 @@ def trace_joint(
     loss_fn: LossFn | None = None,
     param_dtype: torch.dtype | None = None,
 ) -> TracedGraph:
-    """Trace ``model(*input_fn())`` and its backward into one aten graph.
+    """Trace ``model(*input_fn())`` (``model(**input_fn())`` for a dict) and its backward
+    into one aten graph.
 
     The backward starts from one cotangent input per differentiable output tensor;
     with ``loss_fn`` the graph computes ``loss_fn(model(*inputs))`` and its one output
@@ -180,7 +173,7 @@ def trace_joint(
     params = [_to_fake(p, mode, True, param_dtype) for _, p in named_params]
     buffers = [_to_fake(b, mode, False) for _, b in named_buffers]
     with mode:
-        inputs = _example_inputs(input_fn)
+        input_keys, inputs = flatten_inputs(input_fn())
     inputs = tuple(mode.from_tensor(x) if not _is_fake(x) else x for x in inputs)
 
     def forward(
@@ -190,7 +183,8 @@ def trace_joint(
         state = dict(zip(param_fqns, ps, strict=True)) | dict(zip(buffer_fqns, bs, strict=True))
         if param_dtype is not None:  # FSDP2 casts floating inputs too (cast_forward_inputs)
             xs = [x.to(param_dtype) if x.is_floating_point() else x for x in xs]
-        out = functional_call(model, state, tuple(xs))
+        args, kwargs = call_form(input_keys, xs)
+        out = functional_call(model, state, args, kwargs)
         if loss_fn is not None:
             return [loss_fn(out)], None
         return pytree.tree_flatten(out)
@@ -227,6 +221,7 @@ def trace_joint(
             tangents = [torch.empty_like(outs[i]) for i in differentiable]
             gm = make_fx(step)(params, buffers, list(inputs), tangents)
         gm.graph.eliminate_dead_code()
+        _refuse_constants(gm, model)
         gm.recompile()
     trace_seconds = time.perf_counter() - start
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -243,6 +238,7 @@ def trace_joint(
         params=tuple(placeholders[:num_p]),
         buffers=tuple(placeholders[num_p : num_p + num_b]),
         inputs=tuple(placeholders[num_p + num_b : num_p + num_b + num_x]),
+        input_keys=input_keys,
         grads=grads,
         outputs=tuple(n.name for n in out_nodes),
         tangents=dict(zip(differentiable, tangent_names, strict=True)),
@@ -250,6 +246,33 @@ def trace_joint(
         loss_name=loss_name(loss_fn),
         out_spec=spec,
         out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
+    )
+
+
+def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
+    """A tensor the forward holds outside its parameters, buffers and inputs becomes a
+    graph constant, which no stage places: refuse it by name before planning."""
+    constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    if not constants:
+        return
+    first = constants[0]
+    if first.name.startswith("_param_constant"):
+        raise ValueError(
+            f"{type(model).__name__} has frozen parameters (requires_grad=False): autoplan "
+            "plans trainable parameters and buffers only. Register the frozen weights as "
+            "buffers, or unfreeze them for planning."
+        )
+    users = ", ".join(sorted({str(u.target) for c in constants for u in c.users}))
+    shape = tuple(first.meta["val"].shape) if "val" in first.meta else "?"
+    hint = (
+        " It keeps a KV cache: set model.config.use_cache = False for training."
+        if getattr(getattr(model, "config", None), "use_cache", False)
+        else " Build such tensors from the inputs or register them as buffers."
+    )
+    raise ValueError(
+        f"{type(model).__name__}'s forward creates {len(constants)} tensor constant(s) "
+        f"(the first of shape {shape}, read by {users}) that are neither parameters, "
+        f"buffers nor inputs, so no plan can place them.{hint}"
     )
 
 

@@ -675,6 +675,8 @@ def test_plan_for_another_graph_or_batch_is_a_clear_error(mlp_plans):
     ):
         PlannedGraph(traced, dataclasses.replace(plan, node_placements=nodes), mesh)
     state = PlannedState(plan, mesh, input_placements(plan))
-    with pytest.raises(ValueError, match=r"global shape \(32, 32, 64\).*made for \(16, 32, 64\)"):
-        state.inputs([torch.randn(8, 32, 64)])  # a local shard of a batch of 32, not 16
-    assert tuple(state.inputs([torch.randn(4, 32, 64)])[0].shape) == (16, 32, 64)
+    with pytest.raises(
+        ValueError, match=r"input 0 has global shape \(32, 32, 64\).*made for \(16, 32, 64\)"
+    ):
+        state.inputs([torch.randn(8, 32, 64)], {})  # a local shard of a batch of 32, not 16
+    assert tuple(state.inputs([torch.randn(4, 32, 64)], {})[0].shape) == (16, 32, 64)

@@ -58,3 +58,36 @@ def test_plan_moves_script_runs_every_move_of_a_tiny_native_plan_as_priced():
     moves = re.findall(r"^\s+\d+ edges\s+(\S+) -> (\S+) on .*: (.*)$", done.stdout, re.M)
     assert moves, done.stdout
     assert all(result == "as priced; right shards" for *_, result in moves), done.stdout
+
+
+LM_STEP = re.compile(
+    r"^step\s+(\d+)\s+loss (\S+)\s+lr \S+(?:\s+one device (\S+)\s+diff \S+)?$", re.M
+)
+
+
+def _train_lm(tmp_path: Path, *args: str) -> tuple[str, dict[int, tuple[float, float | None]]]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    short = ["--steps", "6", "--checkpoint-at", "3", "--seq", "32", "--warmup", "3"]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    done = _run([*cmd, str(ROOT / "examples" / "train_lm.py"), *short, *ckpt, *args], tmp_path)
+    steps = {
+        int(s): (float(loss), float(ref) if ref else None)
+        for s, loss, ref in LM_STEP.findall(done.stdout)
+    }
+    return done.stdout, steps
+
+
+def test_train_lm_equals_one_device_and_resumes_under_another_plan(tmp_path):
+    """`examples/train_lm.py` in short: the first steps equal one device; resumed from its
+    midway checkpoint under a budgeted plan (other placements), the same losses follow."""
+    full_out, full = _train_lm(tmp_path, "--compare-steps", "6")
+    assert sorted(full) == list(range(6)), full_out
+    for loss, ref in full.values():
+        assert ref is not None and abs(loss - ref) <= 1e-4 * abs(ref), full_out
+    resumed_out, resumed = _train_lm(tmp_path, "--resume", "--memory-budget-gib", "0.001")
+    assert "resumed at step 3" in resumed_out, resumed_out
+    plans = re.findall(r"^plan: optimal, parameter placements (.*)$", full_out + resumed_out, re.M)
+    assert len(plans) == 2 and plans[0] != plans[1], plans
+    assert sorted(resumed) == [3, 4, 5], resumed_out
+    for step, (loss, _) in resumed.items():
+        assert abs(loss - full[step][0]) <= 1e-4 * abs(full[step][0]), (step, loss, full[step])

@@ -3,8 +3,9 @@
 Input: a model kind (``gpt2``, ``llama``, ``qwen2``, ``mistral``) and a mapping of that
 kind's config fields (``GPT2Config``, ``LlamaConfig``, ...). Output: the ``...ForCausalLM``
 model on the meta device (no weights, no hub access), whose ``forward(input_ids)``
-returns only the logits, so autoplan's default loss (the mean of the first output) and
-the tracer's one-tensor-in convention work unchanged.
+returns only the logits (what run files plan: one tensor in, the logits out), or with
+``logits_only=False`` the Hugging Face class itself, planned from a dict ``input_fn``
+(``input_ids=``, ``labels=``) and trained on the loss it computes.
 
 Why a subclass and not a wrapper module: the subclass keeps the Hugging Face parameter
 names (``model.layers.0.self_attn.q_proj.weight``), so a plan made here names the same
@@ -179,15 +180,23 @@ def make_config(kind: str, config: Mapping[str, Any] | None = None) -> Any:
 
 
 def build_hf(
-    kind: str, config: Mapping[str, Any] | None = None, *, device: str | torch.device = "meta"
+    kind: str,
+    config: Mapping[str, Any] | None = None,
+    *,
+    device: str | torch.device = "meta",
+    logits_only: bool = True,
 ) -> nn.Module:
     """``kind``'s causal LM built from ``config``; ``forward(input_ids)`` returns the logits.
 
     On the meta device by default (no memory); ``device="cpu"`` gives real, randomly
-    initialized weights (for checking a plan's execution).
+    initialized weights (for checking a plan's execution). ``logits_only=False`` gives
+    the Hugging Face class itself: ``forward(input_ids=..., labels=...)`` returns its
+    output object, with the loss it computes from ``labels``.
     """
     _, model_cls = _classes(kind)
     cfg = make_config(kind, config)
+    if not logits_only:
+        return _built(model_cls, model_cls.__name__, cfg, device)
 
     def forward(self: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return model_cls.forward(
@@ -199,13 +208,15 @@ def build_hf(
         (model_cls,),
         {"forward": forward, "__doc__": f"{model_cls.__name__} whose forward returns logits."},
     )
+    return _built(logits_cls, model_cls.__name__, cfg, device)
+
+
+def _built(cls: type, name: str, cfg: Any, device: str | torch.device) -> nn.Module:
     try:
         with torch.device(device):
-            return logits_cls(cfg)
+            return cls(cfg)
     except ValueError as exc:  # layer checks the config class does not make (GPT-2's heads)
-        raise HFConfigError(
-            f"{model_cls.__name__} cannot be built from this config: {exc}"
-        ) from exc
+        raise HFConfigError(f"{name} cannot be built from this config: {exc}") from exc
 
 
 def position_limit(kind: str, config: Any) -> int | None:

@@ -67,6 +67,20 @@ def full_mesh_strategies(
             out.extend(_ask(node, mesh, candidates, num_outs, (target, cand)))
         except Exception:
             continue
+    if not out and not listed:
+        # Some functions (nll_loss_backward) read input k's i-th strategy beside another
+        # input's i-th: every input's candidates are cycled to one common length. Each
+        # answer still names the input placements it needs, so any pairing is valid.
+        longest = max(len(candidates(a)) for a in ins)
+
+        def cycled(n: fx.Node) -> list[Placements]:
+            cands = candidates(n)
+            return [cands[i % len(cands)] for i in range(longest)]
+
+        try:
+            out = _ask(node, mesh, cycled, num_outs, None)
+        except Exception:
+            out = []
     return check(out)
 
 
