@@ -4,9 +4,10 @@ Public API: :func:`plan` finds a sharding plan for a model over a device
 mesh; :class:`Plan` holds it; :class:`PlanConfig` configures planning;
 :func:`fake_mesh` makes a planning mesh of any size on one CPU;
 :func:`parallelize` turns a model into one that runs a plan on a real mesh, fed by
-:func:`shard_inputs`.
+:func:`shard_inputs`; :mod:`autoplan.checkpoint` saves and loads it under any plan.
 """
 
+from autoplan import checkpoint
 from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Device, Topology
@@ -19,6 +20,7 @@ __all__ = [
     "Plan",
     "PlanConfig",
     "Topology",
+    "checkpoint",
     "fake_mesh",
     "full_gradients",
     "parallelize",

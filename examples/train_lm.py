@@ -14,7 +14,8 @@ plans on it in-process (fake tensors, no collective: every rank gets the same pl
 the model is built on the meta device, parallelized (each rank allocates its shards
 only) and gets its weights from rank 0's full state dict; AdamW with a linear
 learning-rate warm-up trains it. At ``--checkpoint-at`` the model and AdamW state are
-saved with ``torch.distributed.checkpoint``; ``--resume`` loads them into a model
+saved (``autoplan.checkpoint``: torch's distributed checkpoint, each rank its shards);
+``--resume`` loads them into a model
 planned again, under ``--memory-budget-gib`` if given (other placements), and goes on
 from there with the same losses as the run that was not interrupted. Rank 0 also trains
 a one-device copy for the first ``--compare-steps`` steps and prints the difference.
@@ -28,15 +29,8 @@ from pydoc_data.topics import topics
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
@@ -128,16 +122,8 @@ def main() -> None:
     model = parallelize(model, plan, mesh, init_fn=Transformer.init_buffers)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     start = 0
-    if args.resume:
-        state = {
-            "model": get_model_state_dict(model),
-            "optim": get_optimizer_state_dict(model, opt),
-        }
-        state["step"] = torch.tensor(0)
-        dcp.load(state, checkpoint_id=args.checkpoint_dir)
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, opt, state["optim"])
-        start = int(state["step"])
+    if args.resume:  # refuses, by name, a checkpoint of another model
+        start = int(autoplan.checkpoint.load(args.checkpoint_dir, model, opt)["step"])
         say(f"resumed at step {start} from {args.checkpoint_dir}", flush=True)
     else:
         full = ref.state_dict() if ref is not None else {}
@@ -172,12 +158,7 @@ def main() -> None:
             )
         say(line, flush=True)
         if not args.resume and step + 1 == args.checkpoint_at:
-            state = {
-                "model": get_model_state_dict(model),
-                "optim": get_optimizer_state_dict(model, opt),
-            }
-            state["step"] = torch.tensor(step + 1)
-            dcp.save(state, checkpoint_id=args.checkpoint_dir)
+            autoplan.checkpoint.save(args.checkpoint_dir, model, opt, step=step + 1)
             say(f"saved step {step + 1} to {Path(args.checkpoint_dir).resolve()}", flush=True)
     dist.destroy_process_group()
 
