@@ -3,7 +3,7 @@
 Four gloo processes on a 2x2 (dp, tp) mesh, as a ``torchrun`` job. GPT-2 and LLaMA tiny
 configs, as ``transformers`` builds them (``forward(input_ids=, labels=)`` returns an
 output object whose ``loss`` the model computes), are planned in the job from a dict
-``input_fn`` under a memory budget that makes them shard, and train three AdamW steps
+``input_fn`` (``input_ids``, ``attention_mask``, ``labels``) under a memory budget that makes them shard, and train three AdamW steps
 fed keyword batches: each loss equal to one device's. Then the bad calls a user makes.
 """
 
@@ -44,7 +44,7 @@ CONFIGS = {
 def _batch(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + seed)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-    return {"input_ids": ids, "labels": ids.roll(-1, 1)}
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.roll(-1, 1)}
 
 
 def _train(kind: str, mesh) -> dict:
@@ -77,7 +77,7 @@ def _train(kind: str, mesh) -> dict:
     batch = shard_inputs(_batch(0), plan, mesh)
     errors = {}
     for name, call in {
-        "unknown_key": lambda: pm(**batch, attention_mask=batch["labels"]),
+        "unknown_key": lambda: pm(**batch, position_ids=batch["labels"]),
         "missing_key": lambda: pm(input_ids=batch["input_ids"]),
         "other_shape": lambda: pm(**shard_inputs(_half(_batch(0)), plan, mesh)),
     }.items():
@@ -126,8 +126,11 @@ def test_out_loss_trains_as_on_one_device(job, kind):
 @pytest.mark.parametrize(
     "call, message",
     [
-        ("unknown_key", r"TypeError: .*keyword input 'attention_mask', which the plan does not"),
-        ("missing_key", r"TypeError: .*planned for keyword inputs input_ids, labels but got "),
+        ("unknown_key", r"TypeError: .*keyword input 'position_ids', which the plan does not"),
+        (
+            "missing_key",
+            r"TypeError: .*planned for keyword inputs input_ids, attention_mask, labels but got ",
+        ),
         ("other_shape", r"ValueError: input 'input_ids' has global shape \(8, 8\).*\(8, 16\)"),
     ],
 )

@@ -219,6 +219,19 @@ def _built(cls: type, name: str, cfg: Any, device: str | torch.device) -> nn.Mod
         raise HFConfigError(f"{name} cannot be built from this config: {exc}") from exc
 
 
+def prepare(model: nn.Module) -> nn.Module:
+    """Your own ``transformers`` causal LM, set up to plan and train as ``build_hf``'s are:
+    no KV cache (``config.use_cache = False``) and, if it has an SDPA path, the
+    ``autoplan_sdpa`` attention (plain causal attention left to SDPA's ``is_causal``,
+    which can be sharded by heads). Changes ``model``'s config in place; returns it."""
+    _transformers()
+    _register_sdpa()
+    model.config.use_cache = False
+    if getattr(type(model), "_supports_sdpa", False):
+        model.set_attn_implementation(SDPA)
+    return model
+
+
 def position_limit(kind: str, config: Any) -> int | None:
     """The longest sequence a learned position table covers (GPT-2's ``n_positions``);
     ``None`` for rotary models, which compute positions on the fly."""
