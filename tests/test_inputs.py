@@ -11,6 +11,7 @@ import autoplan
 from autoplan.apply import input_placements
 from autoplan.inputs import call_form, flatten_inputs, match_call
 from autoplan.plan import Plan
+from autoplan.trace import trace_joint
 
 VOCAB, DIM, BATCH, SEQ = 64, 32, 8, 16
 
@@ -93,3 +94,40 @@ def test_input_placements_by_key_fix_only_the_keys_given():
     assert autoplan.placements.fmt(input_placements(plan)[1]) == "S(0)R"
     with pytest.raises(ValueError, match=r"names input 'mask', which input_fn does not return"):
         _plan(input_placements={"mask": "S(0)R"})
+
+
+class WeightedLM(TinyLM):
+    """Token ids (integer) and per-token loss weights (float), both keyword inputs."""
+
+    def forward(self, input_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.embed(input_ids))
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), input_ids.flatten(), reduction="none")
+        return (nll * weights.flatten()).mean()
+
+
+def test_integer_and_float_keyword_inputs_plan_in_mixed_precision():
+    """A float keyword input is cast with the parameters (FSDP2's cast_forward_inputs),
+    the integer one is not; both are placed, the loss replicated."""
+    with torch.device("meta"):
+        model = WeightedLM()
+
+    def batch():
+        return {
+            "input_ids": torch.randint(0, VOCAB, (BATCH, SEQ)),
+            "weights": torch.rand(BATCH, SEQ),
+        }
+
+    plan = autoplan.plan(
+        model,
+        batch,
+        autoplan.fake_mesh((4,), ("dp",)),
+        input_placements="S(0)",
+        config=autoplan.PlanConfig(param_dtype="bfloat16"),
+    )
+    assert plan.status == "optimal" and plan.input_keys == ("input_ids", "weights")
+    assert [autoplan.placements.fmt(p) for p in input_placements(plan)] == ["S(0)", "S(0)"]
+    traced = trace_joint(model, batch, param_dtype=torch.bfloat16)
+    ids, weights = (traced.node(n) for n in traced.inputs)
+    cast = [u for u in weights.users if u.target is torch.ops.aten._to_copy.default]
+    assert [u.kwargs["dtype"] for u in cast] == [torch.bfloat16]
+    assert not any(u.target is torch.ops.aten._to_copy.default for u in ids.users)
