@@ -103,6 +103,9 @@ class CostTable:
     compute: dict[str, np.ndarray]
     edges: tuple[EdgeCost, ...]
     memory: dict[str, np.ndarray]
+    # bytes per device per strategy of the values the forward keeps for the backward
+    # (autoplan.cost.activations); in ``memory`` too when the budget counts them
+    activations: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Placements, ...]]:

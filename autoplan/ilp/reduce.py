@@ -121,6 +121,7 @@ def collapse_followers(
         in_edges.setdefault(e.dst, []).append(e)
         out_edges.setdefault(e.src, []).append(e)
     compute = {v: c.copy() for v, c in costs.compute.items()}
+    memory = dict(costs.memory)
     # root[v] = (root name, map root strategy -> v strategy)
     roots: dict[str, tuple[str, np.ndarray]] = {}
 
@@ -146,6 +147,9 @@ def collapse_followers(
         root, to_u = resolve(e.src)
         mapping = u_map[to_u]
         compute[root] = compute[root] + compute[v][mapping]
+        if v in memory:  # a follower's bytes are its root's, strategy for strategy
+            mem = memory.pop(v)[mapping]
+            memory[root] = memory[root] + mem if root in memory else mem
         roots[v] = (root, mapping)
         followed[v] = e
 
@@ -166,7 +170,8 @@ def collapse_followers(
     reduced = CostTable(
         compute={v: c for v, c in compute.items() if v not in roots},
         edges=edges,
-        memory=costs.memory,
+        memory=memory,
+        activations=costs.activations,
     )
     return Reduction(reduced, roots)
 

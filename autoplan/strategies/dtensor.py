@@ -25,6 +25,7 @@ import torch.distributed.tensor._ops.utils as _dtensor_op_utils
 from torch._functorch.partitioners import default_partition
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -52,6 +53,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
+    "MemTracker",
     "mutates",
     "DTensorSpec",
     "DeviceMesh",

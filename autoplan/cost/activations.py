@@ -1,0 +1,144 @@
+"""Stage 4, cost: the activations a training step keeps from its forward for its backward.
+
+Input: the traced joint graph and its strategy table. Output: for each forward value the
+backward reads, its bytes per device under each strategy of the node that owns its
+storage.
+
+Why: the parallelized module splits the joint graph where the forward ends
+(:func:`autoplan.graph.forward_part`, as torch's partitioner does in
+:mod:`autoplan.lower`) and the forward hands the backward every forward value a backward
+op reads; those stay allocated from their op to the backward, which at long sequences is
+most of a step's memory. A moved copy of a value is made in the backward by the op that
+reads it, so a value is kept at its producer's placement. A view keeps its base's
+storage alive, so the base is counted, once; parameters, buffers and inputs are the
+caller's (parameters are priced with their gradients and optimizer state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import fx
+
+from autoplan.cost.compute import placements_bytes
+from autoplan.graph import forward_part, is_tensor_node, source_name
+from autoplan.strategies.table import StrategyTable
+from autoplan.trace import TracedGraph
+
+__all__ = ["activation_memory", "backward_peak", "saved_storage"]
+
+
+def saved_storage(traced: TracedGraph) -> list[str]:
+    """The nodes (in graph order) whose storage the forward keeps for the backward: each
+    forward value a backward op reads and each output of the model (which the caller
+    holds while the backward runs), or the base it is a view of, but no placeholder."""
+    outputs = [traced.node(n) for n in traced.outputs]
+    forward = forward_part(outputs)
+    kept: set[fx.Node] = set()
+    for node in forward:
+        if node.op == "placeholder" or not is_tensor_node(node):
+            continue
+        read_later = any(u not in forward and u.op != "output" for u in node.users)
+        if read_later or node in outputs:
+            root = _storage_root(node)
+            if root.op != "placeholder":
+                kept.add(root)
+    return [n.name for n in traced.gm.graph.nodes if n in kept]
+
+
+def activation_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np.ndarray]:
+    """Bytes per device of each kept value (:func:`saved_storage`) under each strategy of
+    its node: the local size of its output placement, in its traced dtype."""
+    out: dict[str, np.ndarray] = {}
+    for name in saved_storage(traced):
+        ns = table.nodes.get(name)
+        info = ns.out_tensors[0] if ns is not None and ns.out_tensors else None
+        if info is None:
+            continue
+        out[name] = np.array(
+            [
+                placements_bytes(info.shape, info.dtype_bytes, s.outs[0], table.mesh_shape)
+                for s in ns.strategies
+            ],
+            dtype=np.float64,
+        )
+    return out
+
+
+def backward_peak(
+    traced: TracedGraph, table: StrategyTable, choice: dict[str, int]
+) -> tuple[float, float]:
+    """Bytes per device the backward allocates at its fullest, and the gradients' bytes.
+
+    The backward's ops run in graph order; a value lives from its op to its last reader
+    (a view keeps its base alive); a gradient is moved to its parameter's placement as
+    soon as it is computed, and that copy lives to the end (the backward program returns
+    the gradients together); a copy an op's planned input placement needs lives while
+    the op runs; a recomputed copy (:mod:`autoplan.recompute`) is priced as its
+    original. Beyond this the step holds the parameters, the optimizer state and the
+    kept activations, which stay until the backward ends.
+    """
+    forward = forward_part([traced.node(n) for n in traced.outputs])
+    param_of = {
+        traced.node(g): traced.params[traced.param_fqns.index(f)] for f, g in traced.grads.items()
+    }
+    nodes = [n for n in traced.gm.graph.nodes if n not in forward and n.op == "call_function"]
+    order = {n: i for i, n in enumerate(nodes)}
+    last: dict[fx.Node, int] = {}
+    for n in nodes:
+        root = _storage_root(n)
+        if root in order:
+            uses = [order[u] for u in n.users if u in order] or [order[n]]
+            last[root] = max(last.get(root, order[root]), *uses)
+    live = peak = returned = 0.0
+    frees: dict[int, float] = {}
+    for i, n in enumerate(nodes):
+        ns = table.nodes.get(source_name(n))
+        # a multi-output op's outputs are its getitems' storage, a view its base's
+        allocates = ns is not None and _storage_root(n) is n and is_tensor_node(n)
+        own = _out_bytes(ns, choice, table) if allocates else 0.0
+        live += own
+        frees[last.get(n, i)] = frees.get(last.get(n, i), 0.0) + own
+        moved = _moved_bytes(n, ns, choice, table) if ns is not None else 0.0
+        if n in param_of and ns is not None:
+            info, param = ns.out_tensors[0], table.nodes[param_of[n]]
+            where = param.strategies[choice[param.name]].outs[0]
+            returned += placements_bytes(info.shape, info.dtype_bytes, where, table.mesh_shape)
+        peak = max(peak, live + returned + moved)
+        live -= frees.pop(i, 0.0)
+    return peak, returned
+
+
+def _out_bytes(ns: Any, choice: dict[str, int], table: StrategyTable) -> float:
+    strategy = ns.strategies[choice[ns.name]]
+    return float(
+        sum(
+            placements_bytes(info.shape, info.dtype_bytes, where, table.mesh_shape)
+            for info, where in zip(ns.out_tensors, strategy.outs, strict=True)
+            if info is not None and where is not None
+        )
+    )
+
+
+def _moved_bytes(node: fx.Node, ns: Any, choice: dict[str, int], table: StrategyTable) -> float:
+    """The copies of ``node``'s inputs moved to the placements its strategy reads them in."""
+    strategy = ns.strategies[choice[ns.name]]
+    total = 0.0
+    for ref, info, want in zip(ns.inputs, ns.in_tensors, strategy.ins, strict=True):
+        producer = table.nodes.get(ref.node)
+        if info is None or producer is None or ref.node not in choice:
+            continue
+        if producer.strategies[choice[ref.node]].outs[ref.index] != want:
+            total += placements_bytes(info.shape, info.dtype_bytes, want, table.mesh_shape)
+    return total
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    """The node whose output allocates ``node``'s storage: through views to their base."""
+    while getattr(node.target, "is_view", False):  # an aten overload that aliases its input
+        base = node.args[0]
+        if not isinstance(base, fx.Node):
+            break
+        node = base
+    return node
