@@ -16,6 +16,7 @@ from autoplan.cost.topology import Topology
 from autoplan.ilp.solve import SOLVERS
 
 MM_MODES = ("einsum", "native")
+CHECKPOINT_MODES = ("none", "selective", "full")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -29,7 +30,18 @@ class PlanConfig:
     ``"native"``: keep mm and use DTensor's single-dim rules with
     ``_StridedShard`` variants."""
     memory_budget_gib: float | None = None
-    """Per-device GiB for parameters + gradients + optimizer state; None = no limit."""
+    """Per-device GiB for parameters + gradients + optimizer state (+ the saved
+    activations with ``activation_memory``); None = no limit."""
+    activation_memory: bool = False
+    """Count the activations the forward keeps for the backward, at each strategy's local
+    size, in ``memory_budget_gib``. Either way the plan reports them
+    (``Plan.memory_breakdown``)."""
+    activation_checkpointing: str = "none"
+    """Which activations each layer (a child of an ``nn.ModuleList``) recomputes in the
+    backward instead of keeping (see :mod:`autoplan.recompute`): ``"none"``;
+    ``"selective"`` keeps matmul and attention outputs and recomputes the rest;
+    ``"full"`` keeps the layer's input only. The recomputation is priced at the chosen
+    placements and the applied module runs it."""
     optimizer_states: int = 2
     """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""
     param_dtype: str | None = None
@@ -85,6 +97,11 @@ class PlanConfig:
             raise ValueError(
                 f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
                 "of GiB, or None for no limit."
+            )
+        if self.activation_checkpointing not in CHECKPOINT_MODES:
+            raise ValueError(
+                f"activation_checkpointing ({self.activation_checkpointing!r}) must be one of "
+                f"{', '.join(CHECKPOINT_MODES)}."
             )
         if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
             raise ValueError(

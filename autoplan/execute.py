@@ -36,7 +36,7 @@ from torch import fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from autoplan.graph import map_args, tensor_args
+from autoplan.graph import map_args, source_name, tensor_args
 from autoplan.placements import Placements, fmt, is_strided, parse, plain
 from autoplan.plan import Plan
 from autoplan.strategies.dtensor import flatten_axes, redistribute
@@ -144,7 +144,8 @@ class PlannedGraph:
         for node in traced.gm.graph.nodes:
             if node.op == "output":
                 continue
-            entry = plan.node_placements.get(node.name)
+            source = source_name(node)  # a recomputed copy runs as its original
+            entry = plan.node_placements.get(source)
             op = op_name(node)
             if entry is None:
                 missing.append(node.name)
@@ -156,7 +157,7 @@ class PlannedGraph:
             self._outs[node.name] = outs
             ins = tuple(_parse_entry(p, num_axes) for p in entry["in"])
             via = tuple(
-                tuple(parse(p, num_axes) for p in plan.routes.get(f"{node.name}:{k}", ()))
+                tuple(parse(p, num_axes) for p in plan.routes.get(f"{source}:{k}", ()))
                 for k in range(len(ins))
             )
             local = node.target in LOCAL_OPS or (

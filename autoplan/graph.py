@@ -9,7 +9,8 @@ tensors of local shapes).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -60,6 +61,40 @@ def map_args(obj: Any, fn: Callable[[fx.Node], Any]) -> Any:
 def static_args(node: fx.Node) -> str:
     """A key for the non-tensor arguments of ``node`` (sizes, dims, equations)."""
     return repr(map_args((node.args, dict(node.kwargs)), lambda n: "T"))
+
+
+LAYER_KEY = "autoplan_layer"  # the key trace_joint tags a layer's forward nodes with
+
+
+def layer_of(node: fx.Node) -> str | None:
+    """The name of the layer (a child of an ``nn.ModuleList``) whose forward made
+    ``node``, or None (outside every layer, or a backward node)."""
+    return node.meta.get("custom", {}).get(LAYER_KEY)
+
+
+RECOMPUTES = "autoplan_recomputes"  # a recomputed copy's meta key: its forward original
+
+
+def source_name(node: fx.Node) -> str:
+    """The name of the node whose planned strategy ``node`` runs with: its own, or for
+    a copy the backward recomputes (:func:`autoplan.recompute.with_recompute`) its
+    original's."""
+    return node.meta.get(RECOMPUTES, node.name)
+
+
+def forward_part(outputs: Iterable[fx.Node]) -> set[fx.Node]:
+    """The nodes of a joint graph a training step's forward runs: every ancestor of the
+    model's ``outputs``, and every output of a multi-output op among them (attention's
+    logsumexp, which only the backward reads, is kept rather than the op run again).
+    The rest is the backward; a forward node with a backward user is saved for it."""
+    forward = set(outputs)
+    stack = list(forward)
+    while stack:
+        for arg in stack.pop().all_input_nodes:
+            if arg not in forward:
+                forward.add(arg)
+                stack.append(arg)
+    return forward | {u for n in forward for u in n.users if u.target is operator.getitem}
 
 
 def fingerprint(gm: fx.GraphModule) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from autoplan.bucket import (
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.fold_views import fold_views
+from autoplan.graph import forward_part
 from autoplan.placements import Placements, fmt
 from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
 
@@ -244,6 +244,14 @@ def lower(
     gm.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     gm.recompile()
     forward, backward = _partition(gm, len(outputs))
+    names = tuple(
+        [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
+        + [f"buffer {f}" for f in t.buffer_fqns]
+        + [f"input {i} {fmt(x.placements)}" for i, x in enumerate(inputs)]
+    )
+    # matched by name before the passes below, which may replace a handed value
+    # (a bucketed gather) by a node of another name in the same position
+    saved, backward_inputs = _saved(forward, backward, len(outputs), names)
     for program in (forward, backward):
         fold_views(program.graph)
     parameters = {p.name for p in _placeholders(forward)[: len(params)]}
@@ -259,12 +267,6 @@ def lower(
         defer_waits(program.graph)
         program.recompile()
     inference = _forward_only(forward, len(outputs))
-    names = tuple(
-        [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
-        + [f"buffer {f}" for f in t.buffer_fqns]
-        + [f"input {i} {fmt(x.placements)}" for i, x in enumerate(inputs)]
-    )
-    saved, backward_inputs = _saved(forward, backward, len(outputs), names)
     return LoweredStep(
         forward,
         backward,
@@ -292,15 +294,9 @@ def _output_spec(graph: PlannedGraph, index: int) -> OutputSpec:
 
 def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Torch's default partitioner on the joint local graph: the forward is what the
-    outputs need, everything after it in the recorded order is the backward."""
+    outputs need (:func:`autoplan.graph.forward_part`), the rest is the backward."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    forward = {n for n in out.args[0][:num_outputs] if isinstance(n, fx.Node)}
-    for node in reversed(gm.graph.nodes):
-        if node in forward:
-            forward.update(node.all_input_nodes)
-    # every output of a forward op is the forward's (attention's logsumexp, which only
-    # the backward reads, is saved rather than the op run again in the backward)
-    forward |= {u for n in forward for u in n.users if u.target is operator.getitem}
+    forward = forward_part(n for n in out.args[0][:num_outputs] if isinstance(n, fx.Node))
     for node in forward:
         node.meta["partitioner_tag"] = "is_forward"
     fwd, bwd = partition_joint(gm, num_outputs)

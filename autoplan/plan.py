@@ -30,7 +30,11 @@ class Plan:
     form; ``timings`` gives seconds per phase (not saved: see :meth:`to_json`);
     ``ilp_size`` the solver's
     variables and constraints; ``comm`` the priced collectives by kind
-    (count, bytes, microseconds); ``memory_bytes`` the per-device bytes of
+    (count, bytes, microseconds); ``memory_bytes`` the per-device bytes the memory budget
+    caps (``memory_breakdown`` splits a device's peak bytes into parameters, gradients,
+    optimizer state, the activations kept for the backward (counted in ``memory_bytes``
+    only with ``PlanConfig.activation_memory``) and the backward's transient peak beyond
+    them, :func:`autoplan.cost.activations.backward_peak`) of
     parameters, gradients and optimizer state; ``routes`` the input moves that
     run as a chain of redistributions (:mod:`autoplan.cost.routes`), keyed
     ``"node:slot"`` (slot: the node's tensor input), each with the placements the
@@ -75,6 +79,9 @@ class Plan:
     loss_fn: str = "mean"
     graph_fingerprint: str = ""
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
+    checkpointing: dict[str, str] = field(default_factory=dict)
+    recompute: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -87,6 +94,28 @@ class Plan:
         for b in self.buckets if bucketed else ():
             counts[b["kind"]] -= b["members"] - 1
         return counts
+
+    def _memory_line(self) -> str:
+        b = self.memory_breakdown
+        if not b:  # a plan saved before the breakdown was recorded
+            return f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}"
+        parts = " + ".join(
+            f"{label} {_bytes(b[key])}"
+            for key, label in (
+                ("parameters", "params"),
+                ("gradients", "grads"),
+                ("optimizer", "optimizer"),
+                ("activations", "saved activations"),
+                ("transient", "backward transient"),
+            )
+            if key in b
+        )
+        counted = "params, grads, optimizer" + (
+            ", activations" if self.config.get("activation_memory") else ""
+        )
+        return (
+            f"memory per device: {parts} = peak {_bytes(sum(b.values()))} (a budget caps {counted})"
+        )
 
     # -- JSON -------------------------------------------------------------------
 
@@ -180,7 +209,13 @@ class Plan:
                 else ""
             )
         )
-        lines.append(f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}")
+        lines.append(self._memory_line())
+        if any(mode != "none" for mode in self.checkpointing.values()):
+            modes = sorted(set(self.checkpointing.values()))
+            lines.append(
+                f"activation checkpointing: {', '.join(modes)} in {len(self.checkpointing)} "
+                f"layers, {len(self.recompute)} values recomputed in the backward"
+            )
         if self.comm:
             lines.append("collectives:")
             for kind, c in sorted(self.comm.items(), key=lambda kv: -kv[1]["us"]):

@@ -36,6 +36,7 @@ from autoplan.inputs import InputKey, call_form, label, match_call
 from autoplan.lower import LoweredStep, OutputSpec, lower
 from autoplan.placements import Placements, fmt, shard_degrees
 from autoplan.plan import Plan
+from autoplan.recompute import with_recompute
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import local_shape
 from autoplan.trace import LossFn, TracedGraph, trace_joint
@@ -120,6 +121,7 @@ class PlannedState:
                 )
             traced, _ = rewrite(traced, mm_mode=self.mm_mode)
             check_fits(traced, self.plan, training=model.training)
+            traced = with_recompute(traced, self.plan.recompute)  # as the plan chose
             graph = PlannedGraph(traced, self.plan, self.mesh, reduce_dtype=self.reduce_dtype)
             self.steps[key] = lower(
                 graph,

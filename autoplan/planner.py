@@ -13,6 +13,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from torch.distributed.tensor import Placement
 
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins, untie
+from autoplan.cost.activations import activation_memory
 from autoplan.cost.price import CostTable, price
 from autoplan.graph import fingerprint
 from autoplan.ilp.build import build_ilp
@@ -32,6 +34,7 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
+from autoplan.recompute import layer_names, priced_recompute, recompute_set, with_recompute
 from autoplan.rewrite import rewrite
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
@@ -253,8 +256,17 @@ def _plan_traced(
         reduce_bytes=config.reduce_dtype_bytes,
         routes=config.routes,
     )
+    recompute = recompute_set(traced, config.activation_checkpointing)
+    costs = priced_recompute(costs, recompute)
+    stepped = with_recompute(traced, recompute)  # the graph the applied module runs
+    activations = activation_memory(stepped, table)
+    capped = costs.memory | activations if config.activation_memory else costs.memory
+    costs = replace(costs, memory=capped, activations=activations)
     done()
-    base = _plan_fields(traced, table, config, timings)
+    base = _plan_fields(traced, table, config, timings) | {
+        "recompute": list(recompute),
+        "checkpointing": dict.fromkeys(layer_names(traced), config.activation_checkpointing),
+    }
     budget = config.memory_budget_bytes
     if budget is not None:
         need = _min_memory(costs, allowed)
@@ -267,9 +279,9 @@ def _plan_traced(
                 message=(
                     f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the "
                     f"smallest footprint any plan has on this mesh, {need / 2**30:.6g} GiB "
-                    f"({need:.0f} bytes) of "
-                    "parameters + gradients + optimizer state per device; raise the budget or "
-                    "use a larger mesh."
+                    f"({need:.0f} bytes) of parameters + gradients + optimizer state"
+                    f"{' + saved activations' if config.activation_memory else ''} per device; "
+                    "raise the budget or use a larger mesh."
                 ),
                 **base,
             )
@@ -358,7 +370,9 @@ def _plan_traced(
     if math.isfinite(solution.bound_us):
         base["bound_us"] = float(solution.bound_us)
     choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
-    return read_solution(traced, table, costs, config, choice, solution.status, base)
+    return read_solution(
+        traced, table, costs, config, choice, solution.status, base, stepped=stepped
+    )
 
 
 def _infeasible(message: str, base: dict[str, Any]) -> Plan:

@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from autoplan.config import PlanConfig
+from autoplan.cost.activations import backward_peak
 from autoplan.cost.buckets import plan_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.placements import fmt
 from autoplan.plan import Plan
+from autoplan.recompute import stepped_moves
 from autoplan.strategies.ops import MM_FAMILY, has_strided
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
@@ -54,10 +56,14 @@ def read_solution(
     choice: dict[str, int],
     status: str,
     base: dict[str, Any],
+    *,
+    stepped: TracedGraph | None = None,
 ) -> Plan:
     """The :class:`~autoplan.plan.Plan` of ``choice`` (a strategy per node): its
     objective re-priced from ``costs``, the collectives of every move along its route,
-    the routes that are not one move, every node's placements and the stats."""
+    the routes that are not one move, every node's placements and the stats.
+    ``stepped`` is the graph the applied module runs (with its recomputations,
+    :func:`autoplan.recompute.with_recompute`), whose backward's peak is reported."""
     compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
     redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
     comm_us = 0.0
@@ -92,12 +98,25 @@ def read_solution(
         for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
     }
     memory = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
+    states = sum(float(costs.memory[p][choice[p]]) for p in traced.params if p in costs.memory)
+    per_tensor = states / (2 + config.optimizer_states)  # parameter, gradient, k states alike
+    breakdown = {
+        "parameters": per_tensor,
+        "gradients": per_tensor,
+        "optimizer": per_tensor * config.optimizer_states,
+        "activations": sum(float(a[choice[v]]) for v, a in costs.activations.items()),
+    }
+    backward, returned = backward_peak(stepped or traced, table, choice)
+    moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
+    breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak
     base = base | {
         "param_placements": params,
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": plan_buckets(traced, table, costs, redist, choice, config.bucket_mib * 2**20),
+        "buckets": plan_buckets(
+            stepped or traced, table, moved, redist, moved_choice, config.bucket_mib * 2**20
+        ),
     }
     return Plan(
         status=status,
@@ -106,5 +125,6 @@ def read_solution(
         comm_us=comm_us,
         comm=comm,
         memory_bytes=memory,
+        memory_breakdown=breakdown,
         **base,
     )

@@ -46,9 +46,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.func import functional_call
+from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autoplan.graph import LAYER_KEY
 from autoplan.inputs import InputKey, call_form, flatten_inputs
 from autoplan.strategies.dtensor import (
     FakeTensor,
@@ -219,7 +221,8 @@ def trace_joint(
                     "(or pass loss_fn=...)."
                 )
             tangents = [torch.empty_like(outs[i]) for i in differentiable]
-            gm = make_fx(step)(params, buffers, list(inputs), tangents)
+            with _marked_layers(model):
+                gm = make_fx(step)(params, buffers, list(inputs), tangents)
         gm.graph.eliminate_dead_code()
         _refuse_constants(gm, model)
         gm.recompile()
@@ -274,6 +277,52 @@ def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
         f"(the first of shape {shape}, read by {users}) that are neither parameters, "
         f"buffers nor inputs, so no plan can place them.{hint}"
     )
+
+
+@contextlib.contextmanager
+def _marked_layers(model: nn.Module) -> Iterator[None]:
+    """Tag each forward node a layer makes with the layer's name
+    (:func:`autoplan.graph.layer_of`) while ``model`` is traced, then remove the hooks.
+
+    A layer is a child of an ``nn.ModuleList`` (a transformer's blocks), the unit
+    activation checkpointing recomputes; a list nested in a layer belongs to it."""
+    entered: list[contextlib.AbstractContextManager[None]] = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            if entered:
+                entered.append(contextlib.nullcontext())
+            else:
+                entered.append(fx_traceback.annotate({LAYER_KEY: name}))
+            entered[-1].__enter__()
+
+        return hook
+
+    def leave(*_: Any) -> None:
+        entered.pop().__exit__(None, None, None)
+
+    layers = [
+        (f"{prefix}.{child}" if prefix else child, layer)
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        for child, layer in module.named_children()
+    ]
+    handles = [h for name, layer in layers for h in _hooks(layer, enter(name), leave)]
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        while entered:  # a forward that raised inside a layer
+            entered.pop().__exit__(None, None, None)
+        for h in handles:
+            h.remove()
+
+
+def _hooks(module: nn.Module, before: Callable[..., None], after: Callable[..., None]) -> list[Any]:
+    return [
+        module.register_forward_pre_hook(before),
+        module.register_forward_hook(after, always_call=True),
+    ]
 
 
 @contextlib.contextmanager

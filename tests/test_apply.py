@@ -315,7 +315,9 @@ def _assert_matches(result: dict, plan: Plan) -> None:
         assert lowered["collectives"] == priced
     if result["plans_buckets"]:  # run with the plan's bucket size: the buckets it priced
         planned = sorted([b["kind"], b["where"], b["members"]] for b in plan.buckets)
-        assert sorted(lowered["buckets"]) == planned, "the run's buckets differ from the plan's"
+        assert sorted(lowered["buckets"]) == planned, (
+            f"the run's buckets differ from the plan's: {sorted(lowered['buckets'])} != {planned}"
+        )
         assert lowered["collectives"] == plan.collective_counts()
     assert result["lowered"]["dtensor_ops"] == []
     assert result["forward_only"]["output"][0], "the forward alone differs from one device"
@@ -539,6 +541,37 @@ def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
         assert plan.status == "optimal", plan.message
         assert results[mode]["placed"]["layers.1.attention.wo.weight"] == "RS(1)"
         _assert_matches(results[mode], plan)
+
+
+def test_activation_checkpointing_recomputes_as_planned_and_matches_one_device(tmp_path):
+    """Selective and full checkpointing on the pinned tiny LLaMA (tensor-parallel weights,
+    so the recomputed matmuls move their inputs again): the backward runs the planned
+    copies and their collectives, and loss, gradients and AdamW match one device."""
+    plans = {
+        f"{ckpt}_{mode}": (
+            "llama",
+            _plan(
+                "llama",
+                (2, 2),
+                ("dp", "tp"),
+                "S(0)R",
+                mm_mode=mode,
+                pins=LLAMA_PINS,
+                solver="highs",
+                activation_checkpointing=ckpt,
+            ),
+        )
+        for ckpt, mode in (("selective", "einsum"), ("full", "einsum"), ("full", "native"))
+    }
+    results = _spawn_cases(tmp_path, plans, losses=dict.fromkeys(plans, "ce"))
+    plain = _plan("llama", (2, 2), ("dp", "tp"), "S(0)R", pins=LLAMA_PINS, solver="highs")
+    for name, (_, plan) in plans.items():
+        assert plan.recompute and set(plan.checkpointing.values()) == {name.split("_")[0]}
+        _assert_matches(results[name], plan)
+        if name.endswith("einsum"):
+            assert plan.collective_counts(bucketed=False) != plain.collective_counts(
+                bucketed=False
+            ), "the recomputed matmuls' input moves are priced again"
 
 
 def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp_path):

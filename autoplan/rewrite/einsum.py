@@ -59,7 +59,7 @@ _VIEWS = (aten.view.default, aten._unsafe_view.default)
 _TRANSPOSES = (aten.t.default, aten.permute.default, aten.transpose.int)
 # Batch dims take these letters in order; "k" and "n" are kept for features.
 _BATCH_LETTERS = "abcdefghijlmopqrstuvwxyz"
-_COPIED_META = ("stack_trace", "nn_module_stack", "seq_nr")
+_COPIED_META = ("stack_trace", "nn_module_stack", "seq_nr", "custom")
 
 
 @dataclass(frozen=True)
