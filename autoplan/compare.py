@@ -37,6 +37,9 @@ def _row(p: Plan) -> dict[str, Any]:
         "mm_strategies_mean": p.stats.get("mm_strategies_mean", 0.0),
         "mm_strategies_max": p.stats.get("mm_strategies_max", 0.0),
         "strided_shard_chosen": int(p.stats.get("strided_shard_chosen", 0)),
+        "memory_breakdown": dict(p.memory_breakdown),
+        "checkpointing": sorted(set(p.checkpointing.values())),
+        "message": p.message,
     }
 
 
@@ -85,6 +88,19 @@ def write_compare(result: dict[str, Any], out: str | Path, title: str) -> tuple[
     return json_path, png_path
 
 
+MEMORY_ROWS = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer state"),
+    ("activations", "saved activations"),
+    ("transient", "backward transient"),
+)
+
+
+def _mib(value: float | None, breakdown: dict[str, float]) -> str:
+    return f"{value / 2**20:.2f}" if breakdown and value is not None else "-"
+
+
 def format_compare(result: dict[str, Any]) -> str:
     """The comparison as an aligned text table."""
     e, n = result["einsum"], result["native"]
@@ -124,7 +140,19 @@ def format_compare(result: dict[str, Any]) -> str:
             str(e["strided_shard_chosen"]),
             str(n["strided_shard_chosen"]),
         ),
+        (
+            "activation checkpointing",
+            ", ".join(e.get("checkpointing", ())) or "-",
+            ", ".join(n.get("checkpointing", ())) or "-",
+        ),
     ]
+    eb, nb = e.get("memory_breakdown") or {}, n.get("memory_breakdown") or {}
+    if eb or nb:
+        rows.append(
+            ("memory per device (MiB)", _mib(sum(eb.values()), eb), _mib(sum(nb.values()), nb))
+        )
+        for key, label in MEMORY_ROWS:
+            rows.append((f"  {label}", _mib(eb.get(key), eb), _mib(nb.get(key), nb)))
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':<{width}}  {'einsum':>12}  {'native':>12}"]
     lines += [f"{k:<{width}}  {a:>12}  {b:>12}" for k, a, b in rows]
@@ -140,6 +168,9 @@ def format_compare(result: dict[str, Any]) -> str:
                 f"  {kind:<{width - 2}}  {a['compute_us'] / 1e3:>5.2f} + {a['comm_us'] / 1e3:<5.2f}"
                 f"  {b['compute_us'] / 1e3:>5.2f} + {b['comm_us'] / 1e3:<5.2f}"
             )
+    for mode in MODES:  # an infeasible mode says why
+        if result[mode]["status"] == "infeasible" and result[mode].get("message"):
+            lines.append(f"{mode}: {result[mode]['message']}")
     diff = result["param_placement_diff"]
     lines.append(f"parameters placed differently: {len(diff)}")
     for fqn, d in list(diff.items())[:20]:

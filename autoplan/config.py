@@ -40,8 +40,10 @@ class PlanConfig:
     """Which activations each layer (a child of an ``nn.ModuleList``) recomputes in the
     backward instead of keeping (see :mod:`autoplan.recompute`): ``"none"``;
     ``"selective"`` keeps matmul and attention outputs and recomputes the rest;
-    ``"full"`` keeps the layer's input only. The recomputation is priced at the chosen
-    placements and the applied module runs it."""
+    ``"full"`` keeps the layer's input only; ``"auto"`` counts the kept activations in
+    ``memory_budget_gib``, solves each of the three and keeps the cheapest plan that fits
+    (one mode for every layer). The recomputation is priced at the chosen placements
+    and the applied module runs it."""
     optimizer_states: int = 2
     """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""
     param_dtype: str | None = None
@@ -98,10 +100,10 @@ class PlanConfig:
                 f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
                 "of GiB, or None for no limit."
             )
-        if self.activation_checkpointing not in CHECKPOINT_MODES:
+        if self.activation_checkpointing not in (*CHECKPOINT_MODES, "auto"):
             raise ValueError(
                 f"activation_checkpointing ({self.activation_checkpointing!r}) must be one of "
-                f"{', '.join(CHECKPOINT_MODES)}."
+                f"{', '.join(CHECKPOINT_MODES)} or auto."
             )
         if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
             raise ValueError(

@@ -145,13 +145,19 @@ def explain(rb: Rebuilt, name: str, *, top: int = 5) -> dict[str, Any]:
     budget = rb.run.config.memory_budget_bytes
     total_memory = sum(float(memory[p][rb.choice[p]]) for p in memory)
 
+    kept = rb.costs.activations
+
     def price(assign: dict[str, int]) -> tuple[float, list[float], float]:
         compute = sum(float(rb.costs.compute[v][assign[v]]) for v in members)
         per_edge = [rb.edge_us(e, assign) for e in edges]
         mem = sum(float(memory[v][assign[v]]) for v in members if v in memory)
         return compute, per_edge, mem
 
+    def saved(assign: dict[str, int]) -> float:
+        return sum(float(kept[v][assign[v]]) for v in members if v in kept)
+
     base_compute, base_edges, base_mem = price(chosen)
+    base_saved = saved(chosen)
     chosen_key = tuple(
         _text(rb.table.nodes[v], rb.table.nodes[v].strategies[chosen[v]]) for v in members
     )
@@ -185,6 +191,7 @@ def explain(rb: Rebuilt, name: str, *, top: int = 5) -> dict[str, Any]:
                 "compute_delta_us": compute - base_compute,
                 "comm_delta_us": comm_delta,
                 "memory_delta_bytes": mem - base_mem,
+                "activation_delta_bytes": saved(assign) - base_saved,
                 "over_budget": budget is not None and total_memory + mem - base_mem > budget,
                 "edges": [
                     {
@@ -273,6 +280,8 @@ def format_explain(result: dict[str, Any]) -> str:
         flag = "  OVER BUDGET" if a["over_budget"] else ""
         d = a["memory_delta_bytes"]
         mem = f"  memory {'+' if d > 0 else ''}{human_bytes(d)}" if d else ""
+        k = a.get("activation_delta_bytes", 0.0)
+        mem += f"  (saved activations {'+' if k > 0 else ''}{human_bytes(k)})" if k else ""
         lines.append(
             f"  {a['delta_us']:+10.2f} us  {a['strategy']:<28} compute {a['compute_delta_us']:+.2f}"
             f"  comm {a['comm_delta_us']:+.2f}{mem}{flag}"

@@ -18,7 +18,7 @@ from typing import Any
 from autoplan.placements import Placements, fmt, parse
 
 STATUSES = ("optimal", "time_limit", "infeasible")
-PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
+PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,10 @@ class Plan:
             if key in b
         )
         counted = "params, grads, optimizer" + (
-            ", activations" if self.config.get("activation_memory") else ""
+            ", activations"
+            if self.config.get("activation_memory")
+            or self.config.get("activation_checkpointing") == "auto"
+            else ""
         )
         return (
             f"memory per device: {parts} = peak {_bytes(sum(b.values()))} (a budget caps {counted})"

@@ -10,32 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from torch import nn
 from torch.distributed.tensor import Placement
 
-from autoplan.config import PlanConfig
-from autoplan.constraints import PinSpec, resolve_pins, untie
-from autoplan.cost.activations import activation_memory
-from autoplan.cost.price import CostTable, price
+from autoplan.config import CHECKPOINT_MODES, PlanConfig
+from autoplan.constraints import PinSpec, resolve_pins
+from autoplan.cost.price import price
 from autoplan.graph import fingerprint
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.cluster import cluster
-from autoplan.ilp.problem import InfeasibleError, plain_size
-from autoplan.ilp.reduce import collapse_followers
-from autoplan.ilp.untie import solve_untying
 from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
-from autoplan.readout import read_solution
-from autoplan.recompute import layer_names, priced_recompute, recompute_set, with_recompute
 from autoplan.rewrite import rewrite
+from autoplan.solve_stage import Problem, best_plan, solve_mode
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
@@ -119,21 +110,13 @@ def _scalars_replicated(traced: TracedGraph, num_axes: int) -> list[PlacementSpe
     ]
 
 
-def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
-    total = 0.0
-    for p, mem in costs.memory.items():
-        ok = allowed.get(p, np.ones(len(mem), dtype=bool))
-        total += float(mem[ok].min())
-    return total
-
-
 def _timed(timings: dict[str, float], phase: str, progress: Progress | None) -> Callable[[], None]:
     if progress is not None:
         progress(phase)
     start = time.perf_counter()
 
-    def done() -> None:
-        timings[phase] = time.perf_counter() - start
+    def done() -> None:  # a phase run once per checkpointing mode adds up
+        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
 
     return done
 
@@ -256,134 +239,24 @@ def _plan_traced(
         reduce_bytes=config.reduce_dtype_bytes,
         routes=config.routes,
     )
-    recompute = recompute_set(traced, config.activation_checkpointing)
-    costs = priced_recompute(costs, recompute)
-    stepped = with_recompute(traced, recompute)  # the graph the applied module runs
-    activations = activation_memory(stepped, table)
-    capped = costs.memory | activations if config.activation_memory else costs.memory
-    costs = replace(costs, memory=capped, activations=activations)
     done()
-    base = _plan_fields(traced, table, config, timings) | {
-        "recompute": list(recompute),
-        "checkpointing": dict.fromkeys(layer_names(traced), config.activation_checkpointing),
-    }
-    budget = config.memory_budget_bytes
-    if budget is not None:
-        need = _min_memory(costs, allowed)
-        if need > budget:
-            return Plan(
-                status="infeasible",
-                objective_us=math.nan,
-                compute_us=math.nan,
-                comm_us=math.nan,
-                message=(
-                    f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the "
-                    f"smallest footprint any plan has on this mesh, {need / 2**30:.6g} GiB "
-                    f"({need:.0f} bytes) of parameters + gradients + optimizer state"
-                    f"{' + saved activations' if config.activation_memory else ''} per device; "
-                    "raise the budget or use a larger mesh."
-                ),
-                **base,
-            )
-    done = _timed(timings, "ilp_build", progress)
-    keep = set(allowed)
-    reduction = collapse_followers(table, costs, keep=keep) if config.collapse_followers else None
-    ilp_costs = reduction.costs if reduction is not None else costs
-    clustering = cluster(ilp_costs) if config.cluster_layers else None
-    tie = untie(clustering.rep, set(pinned)) if clustering is not None else None
-    plain_vars, plain_cons = plain_size(costs, budget is not None)
-    base["ilp_size"] = {
-        "variables": 0,
-        "constraints": 0,
-        "plain_variables": plain_vars,
-        "plain_constraints": plain_cons,
-        "nodes": len(ilp_costs.compute),
-        "merged": reduction.num_merged if reduction is not None else 0,
-        "tied": sum(1 for v, r in (tie or {}).items() if v != r),
-    }
-    try:
-        model_ilp = build_ilp(
-            ilp_costs,
-            allowed=allowed,
-            memory_budget_bytes=budget,
-            tie=tie,
-            edge_keys=clustering.edge_keys if clustering is not None else None,
-            prune=config.prune_dominated,
-        )
-    except InfeasibleError as err:
-        done()
-        return _infeasible(f"infeasible: {err}; relax the placement constraints.", base)
-    done()
-    base["ilp_size"] |= {
-        "variables": model_ilp.num_variables,
-        "constraints": model_ilp.num_constraints,
-        "pruned": model_ilp.stats.get("pruned", 0),
-    }
-    done = _timed(timings, "solve", progress)
-    solution, split = solve_untying(
-        ilp_costs,
-        model_ilp,
-        solver=config.solver,
-        time_limit_s=config.time_limit_s,
-        mip_gap=config.mip_gap,
-        fixing=config.reduced_cost_fixing,
-        untie=config.untie_under_budget,
-    )
-    if split:
-        base["ilp_size"]["untied"] = split
-    done()
-    if solution.status == "infeasible":
-        return _infeasible(
-            "infeasible: the solver found no plan meeting the placement constraints "
-            "and memory_budget_gib together; relax one of them.",
+    base = _plan_fields(traced, table, config, timings)
+    auto = config.activation_checkpointing == "auto"
+    counted = config.activation_memory or auto
+    if auto and config.memory_budget_gib is not None:
+        modes = CHECKPOINT_MODES
+    else:  # without a budget on activations, recomputing only adds time
+        modes = ("none",) if auto else (config.activation_checkpointing,)
+    plans = [
+        solve_mode(
+            Problem(traced, table, costs, config, allowed, set(pinned), counted),
+            mode,
             base,
+            lambda phase: _timed(timings, phase, progress),
         )
-    if not solution.choice:
-        raise ValueError(
-            f"plan.time_limit_s ({config.time_limit_s} s): the solver stopped before it "
-            "found any plan (no plan could be read off the bound, and the LP relaxation "
-            "and the MIP ran out of time); raise plan.time_limit_s."
-        )
-    if solution.status == "time_limit" and solution.proof_budget_s is not None:
-        base["message"] = (
-            "time_limit: after the untie stage (layers under the memory budget), the MIP "
-            f"over tied plans had {solution.proof_budget_s:.3g} s and stopped before proving "
-            f"that none beats this plan; it is at most {solution.gap:.3%} above any tied "
-            "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
-            "plan.time_limit_s."
-        )
-    elif solution.status == "optimal" and split:
-        base["message"] = (
-            f"optimal among tied plans: {split} twin class{'es are' if split > 1 else ' is'} "
-            "split under the memory budget (plan.untie_under_budget), and the MIP over tied "
-            "plans proved that none beats this plan; other splits were searched, not proved. "
-            "Set plan.untie_under_budget: false for the tied optimum alone."
-        )
-    elif solution.status == "time_limit":
-        gap = solution.gap
-        base["message"] = (
-            f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "
-            "proving this plan optimal"
-            + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
-            + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
-        )
-    if math.isfinite(solution.bound_us):
-        base["bound_us"] = float(solution.bound_us)
-    choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
-    return read_solution(
-        traced, table, costs, config, choice, solution.status, base, stepped=stepped
-    )
-
-
-def _infeasible(message: str, base: dict[str, Any]) -> Plan:
-    return Plan(
-        status="infeasible",
-        objective_us=math.nan,
-        compute_us=math.nan,
-        comm_us=math.nan,
-        message=message,
-        **base,
-    )
+        for mode in modes
+    ]
+    return best_plan(plans)
 
 
 def _plan_fields(

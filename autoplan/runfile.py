@@ -10,7 +10,8 @@ Schema::
               | {hf: gpt2 | llama | qwen2 | mistral, config: {...transformers config fields}}
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
-    plan:     {mm_mode, memory_budget_gib, activation_memory, param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
+    plan:     {mm_mode, memory_budget_gib, activation_memory, activation_checkpointing,
+               param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
                optimizer_states, bucket_mib, collapse_followers, cluster_layers, untie_under_budget,
                prune_dominated, reduced_cost_fixing, routes}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml

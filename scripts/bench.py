@@ -43,7 +43,7 @@ DEFAULT_ROWS = [
     "configs/llama3_70b.yaml:einsum:highs",
     "configs/llama3_70b.yaml:native:cbc",
 ]
-PHASES = ("trace", "rewrite", "strategies", "cost", "ilp_build", "solve")
+PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
 
 def _child(config: str, mode: str, solver: str, sets: str) -> None:

@@ -1,10 +1,11 @@
 """The plan's memory estimate per device against the peak one training step measures.
 
-Run: ``python scripts/memory_check.py`` (add ``--json`` for one JSON line per plan)
+Run: ``python scripts/memory_check.py`` (``--json``: one JSON line per plan; ``--write``:
+also rewrite its section of benchmarks/RESULTS.md)
 
 A tiny LLaMA is planned on a 2x2 (dp, tp) mesh of 4 gloo processes, inside the job,
-under three settings (no budget; a parameters-only budget that makes it shard; a budget
-that counts the saved activations too), parallelized, and stepped once (forward, a loss
+under five settings (no budget; a parameters-only budget that makes it shard; a budget
+that counts the saved activations too; selective and full activation checkpointing), parallelized, and stepped once (forward, a loss
 on the local output, backward, AdamW) under PyTorch's ``MemTracker``, after one warm-up
 step (the first call lowers the plan and AdamW allocates its state). The table gives,
 per setting, the plan's ``memory_breakdown`` and the tracker's peak by category on
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from results_md import RESULTS, write_section  # scripts/results_md.py: beside this script
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
@@ -35,19 +37,25 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.strategies.dtensor import MemTracker
 
 WORLD, BATCH, SEQ = 4, 8, 32
-SETTINGS = {  # name: (memory_budget_gib, activation_memory)
-    "no budget": (None, False),
-    "params budget": (0.0006, False),
-    "activations budget": (0.003, True),
+SETTINGS = {  # name: (memory_budget_gib, activation_memory, activation_checkpointing)
+    "no budget": (None, False, "none"),
+    "params budget": (0.0006, False, "none"),
+    "activations budget": (0.003, True, "none"),
+    "selective": (None, False, "selective"),
+    "full": (None, False, "full"),
 }
 
 
-def measure(rank: int, budget: float | None, activations: bool) -> dict:
+def measure(rank: int, budget: float | None, activations: bool, checkpointing: str) -> dict:
     """One setting on this rank: the plan's breakdown and the tracker's peak, in bytes."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     with torch.device("meta"):
         meta = Transformer(tiny(2))
-    config = autoplan.PlanConfig(memory_budget_gib=budget, activation_memory=activations)
+    config = autoplan.PlanConfig(
+        memory_budget_gib=budget,
+        activation_memory=activations,
+        activation_checkpointing=checkpointing,
+    )
     plan = autoplan.plan(
         meta, lambda: torch.randint(0, 128, (BATCH, SEQ)), mesh, input_placements="S(0)R",
         config=config, broadcast_from=0,
@@ -130,6 +138,9 @@ def rows(results: dict) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON line per setting")
+    parser.add_argument(
+        "--write", action="store_true", help="rewrite benchmarks/RESULTS.md's table"
+    )
     args = parser.parse_args()
     table = rows(run())
     if args.json:
@@ -137,15 +148,27 @@ def main() -> None:
             print(json.dumps(row))
         return
     cats = ["parameters", "optimizer", "activations", "gradients+transient", "peak"]
-    print(
+    lines = [
         "| setting | "
         + " | ".join(f"{c} KiB (plan / measured)" for c in cats)
-        + " | plan / measured |"
-    )
-    print("|---" * (len(cats) + 2) + "|")
+        + " | plan / measured |",
+        "|---" * (len(cats) + 2) + "|",
+    ]
     for row in table:
         cells = [f"{row[c][0] / 1024:.0f} / {row[c][1] / 1024:.0f}" for c in cats]
-        print(f"| {row['setting']} | " + " | ".join(cells) + f" | {row['ratio']:.3f} |")
+        lines.append(f"| {row['setting']} | " + " | ".join(cells) + f" | {row['ratio']:.3f} |")
+    print("\n".join(lines))
+    if args.write:
+        write_section(
+            RESULTS,
+            "memory_check",
+            "## Memory per device: the plan's estimate against MemTracker\n\n"
+            "`python scripts/memory_check.py --write`: tiny LLaMA (2 layers, batch 8, seq 32) "
+            "on 2x2 (dp, tp), 4 gloo processes, rank 0; one training step after a warm-up "
+            "one, under `torch.distributed._tools.mem_tracker.MemTracker`. The tracker files "
+            "the gradients the backward still holds as temporaries, so gradients + transient "
+            "are compared together.\n\n" + "\n".join(lines),
+        )
 
 
 if __name__ == "__main__":

@@ -10,26 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import autoplan
+from autoplan.cli import run_plan
+from autoplan.compare import compare, format_compare
 from autoplan.cost.activations import saved_storage
+from autoplan.explain import explain, format_explain
 from autoplan.models.llama3 import Transformer, tiny
+from autoplan.rebuild import rebuild
+from autoplan.runfile import load_run
 from autoplan.trace import trace_joint
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 8, 32
 
 
-def _plan(**config) -> autoplan.Plan:
+def _plan(mesh: tuple[int, ...] = (2, 2), **config) -> autoplan.Plan:
     with torch.device("meta"):
         model = Transformer(tiny(2))
     return autoplan.plan(
         model,
         lambda: torch.randint(0, 128, (BATCH, SEQ)),
-        autoplan.fake_mesh((2, 2), ("dp", "tp")),
-        input_placements="S(0)R",
+        autoplan.fake_mesh(mesh, ("dp", "tp")[: len(mesh)]),
+        input_placements="S(0)" + "R" * (len(mesh) - 1),
         config=autoplan.PlanConfig(**config),
     )
 
@@ -82,7 +88,11 @@ def test_a_budget_counting_activations_shards_them_and_is_met():
 def test_too_small_a_budget_with_activations_says_they_are_counted():
     plan = _plan(memory_budget_gib=1e-4, activation_memory=True)
     assert plan.status == "infeasible"
-    assert "parameters + gradients + optimizer state + saved activations" in plan.message
+    assert "parameters + gradients + optimizer state (" in plan.message
+    assert (
+        "+ saved activations (" in plan.message and "GiB over (checkpointing: none)" in plan.message
+    )
+    assert "activation_checkpointing: full" in plan.message  # the lever left
 
 
 def test_the_estimate_is_within_ten_percent_of_the_measured_peak():
@@ -94,7 +104,13 @@ def test_the_estimate_is_within_ten_percent_of_the_measured_peak():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["setting"] for r in rows] == ["no budget", "params budget", "activations budget"]
+    assert [r["setting"] for r in rows] == [
+        "no budget",
+        "params budget",
+        "activations budget",
+        "selective",
+        "full",
+    ]
     for r in rows:
         for cat in ("parameters", "optimizer"):
             plan, seen = r[cat]
@@ -102,3 +118,67 @@ def test_the_estimate_is_within_ten_percent_of_the_measured_peak():
         plan, seen = r["activations"]
         assert abs(plan - seen) <= 0.01 * seen + 4096, (r["setting"], plan, seen)  # + the input
         assert 0.9 <= r["ratio"] <= 1.1, r
+
+
+def test_checkpointing_keeps_less_and_prices_the_recomputation():
+    """Selective keeps less than none and full less than selective; each recomputation is
+    priced (a dearer step) and named in the plan, the recomputed nodes closed under
+    their layer's inputs."""
+    plans = {mode: _plan(activation_checkpointing=mode) for mode in ("none", "selective", "full")}
+    kept = {m: p.memory_breakdown["activations"] for m, p in plans.items()}
+    assert kept["full"] < kept["selective"] < kept["none"]
+    assert plans["none"].recompute == [] and "checkpointing" not in plans["none"].summary()
+    assert len(plans["full"].recompute) > len(plans["selective"].recompute) > 0
+    assert plans["none"].compute_us < plans["selective"].compute_us < plans["full"].compute_us
+    assert plans["full"].checkpointing == {"layers.0": "full", "layers.1": "full"}
+    selective = {plans["selective"].node_placements[n]["op"] for n in plans["selective"].recompute}
+    assert not selective & {"aten.einsum.default", "aten.mm.default"}  # matmuls are kept
+    assert "aten.einsum.default" in {
+        plans["full"].node_placements[n]["op"] for n in plans["full"].recompute
+    }
+    assert "activation checkpointing: full in 2 layers" in plans["full"].summary()
+    again = autoplan.Plan.from_json(plans["full"].to_json())
+    assert again.recompute == plans["full"].recompute
+
+
+def test_auto_keeps_the_cheapest_mode_that_fits_the_budget():
+    """auto counts activations: with room it recomputes nothing; under a budget where full
+    checkpointing is cheaper it chooses full and meets the budget; below every mode it
+    says so (a 4-way data-parallel mesh keeps the three solves short)."""
+    roomy = _plan((4,), activation_checkpointing="auto", memory_budget_gib=0.004)
+    assert set(roomy.checkpointing.values()) == {"none"} and roomy.status == "optimal"
+    tight = _plan((4,), activation_checkpointing="auto", memory_budget_gib=0.0014)
+    assert set(tight.checkpointing.values()) == {"full"} and tight.status == "optimal"
+    assert tight.memory_bytes <= 0.0014 * 2**30
+    b = tight.memory_breakdown
+    assert tight.memory_bytes == pytest.approx(
+        b["parameters"] + b["gradients"] + b["optimizer"] + b["activations"]
+    )
+    none = _plan((4,), memory_budget_gib=0.0014, activation_memory=True)
+    assert none.status == "infeasible" or none.objective_us >= tight.objective_us
+    too_small = _plan((4,), activation_checkpointing="auto", memory_budget_gib=0.0002)
+    assert too_small.status == "infeasible"
+    assert "no mode fits (none, selective, full)" in too_small.message
+
+
+def test_compare_and_explain_show_the_memory_side():
+    """compare lists each mode's breakdown and checkpointing; explain prices the kept
+    activations of a node's alternatives, the plan's recomputation included."""
+    run = load_run(
+        ROOT / "configs" / "tiny.yaml",
+        ["plan.activation_checkpointing=selective", "plan.activation_memory=true"],
+    )
+    result = compare(run, run_plan=lambda r: run_plan(r, quiet=True))
+    text = format_compare(result)
+    assert "saved activations" in text and "activation checkpointing" in text
+    for mode in ("einsum", "native"):
+        b = result[mode]["memory_breakdown"]
+        assert set(b) == {"parameters", "gradients", "optimizer", "activations", "transient"}
+        assert result[mode]["checkpointing"] == ["selective"]
+    plan = run_plan(run, quiet=True)
+    rb = rebuild(run, plan)
+    assert rb.costs.activations and set(rb.costs.activations) <= set(rb.costs.memory)
+    kept = max(rb.costs.activations, key=lambda v: np.ptp(rb.costs.activations[v]))
+    r = explain(rb, kept, top=10_000)
+    assert any(a["activation_delta_bytes"] for a in r["alternatives"])
+    assert "(saved activations" in format_explain(r)

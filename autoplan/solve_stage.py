@@ -1,0 +1,237 @@
+"""Stages 4b-6 for one activation-checkpointing mode: the priced graph -> a Plan.
+
+Input: a :class:`Problem` (the traced graph, its strategy table and cost table, the
+config and the placement constraints) and a checkpointing mode. Output: a
+:class:`~autoplan.plan.Plan`: the mode's recomputation priced
+(:mod:`autoplan.recompute`), its kept activations counted, the graph reductions, the
+ILP, its solve and the read-out; or an infeasible plan saying which lever would help.
+
+Why its own stage: ``activation_checkpointing="auto"`` solves each mode on the one
+trace, strategy table and price table, and keeps the cheapest plan that fits
+(:func:`best_plan`); the planner only sequences the stages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from autoplan.config import PlanConfig
+from autoplan.constraints import untie
+from autoplan.cost.activations import activation_memory
+from autoplan.cost.price import CostTable
+from autoplan.ilp.build import build_ilp
+from autoplan.ilp.cluster import cluster
+from autoplan.ilp.problem import InfeasibleError, plain_size
+from autoplan.ilp.reduce import collapse_followers
+from autoplan.ilp.untie import solve_untying
+from autoplan.plan import Plan
+from autoplan.readout import read_solution
+from autoplan.recompute import layer_names, priced_recompute, recompute_set, with_recompute
+from autoplan.strategies.table import StrategyTable
+from autoplan.trace import TracedGraph
+
+__all__ = ["Problem", "best_plan", "solve_mode"]
+
+Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every checkpointing mode's solve shares. ``allowed`` masks each constrained
+    node's strategies; ``pinned`` names the pinned nodes (never tied to a twin);
+    ``counts_activations`` puts the kept activations in the memory budget's row."""
+
+    traced: TracedGraph
+    table: StrategyTable
+    costs: CostTable
+    config: PlanConfig
+    allowed: dict[str, np.ndarray]
+    pinned: set[str]
+    counts_activations: bool
+
+
+def solve_mode(problem: Problem, mode: str, base: dict[str, Any], timed: Timer) -> Plan:
+    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer."""
+    traced, table, config, allowed = problem.traced, problem.table, problem.config, problem.allowed
+    done = timed("recompute")
+    recompute = recompute_set(traced, mode)
+    costs = priced_recompute(problem.costs, recompute)
+    stepped = with_recompute(traced, recompute)  # the graph the applied module runs
+    activations = activation_memory(stepped, table)
+    capped = costs.memory | activations if problem.counts_activations else costs.memory
+    costs = replace(costs, memory=capped, activations=activations)
+    done()
+    base = base | {
+        "recompute": list(recompute),
+        "checkpointing": dict.fromkeys(layer_names(traced), mode),
+        "ilp_size": dict(base["ilp_size"]),
+    }
+    budget = config.memory_budget_bytes
+    if budget is not None:
+        need = _min_memory(costs, allowed)
+        if need > budget:
+            return _infeasible(_too_small(problem, mode, costs, need), base)
+    done = timed("ilp_build")
+    reduction = (
+        collapse_followers(table, costs, keep=set(allowed)) if config.collapse_followers else None
+    )
+    ilp_costs = reduction.costs if reduction is not None else costs
+    clustering = cluster(ilp_costs) if config.cluster_layers else None
+    tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
+    plain_vars, plain_cons = plain_size(costs, budget is not None)
+    base["ilp_size"] = {
+        "variables": 0,
+        "constraints": 0,
+        "plain_variables": plain_vars,
+        "plain_constraints": plain_cons,
+        "nodes": len(ilp_costs.compute),
+        "merged": reduction.num_merged if reduction is not None else 0,
+        "tied": sum(1 for v, r in (tie or {}).items() if v != r),
+    }
+    try:
+        model_ilp = build_ilp(
+            ilp_costs,
+            allowed=allowed,
+            memory_budget_bytes=budget,
+            tie=tie,
+            edge_keys=clustering.edge_keys if clustering is not None else None,
+            prune=config.prune_dominated,
+        )
+    except InfeasibleError as err:
+        done()
+        return _infeasible(f"infeasible: {err}; relax the placement constraints.", base)
+    done()
+    base["ilp_size"] |= {
+        "variables": model_ilp.num_variables,
+        "constraints": model_ilp.num_constraints,
+        "pruned": model_ilp.stats.get("pruned", 0),
+    }
+    done = timed("solve")
+    solution, split = solve_untying(
+        ilp_costs,
+        model_ilp,
+        solver=config.solver,
+        time_limit_s=config.time_limit_s,
+        mip_gap=config.mip_gap,
+        fixing=config.reduced_cost_fixing,
+        untie=config.untie_under_budget,
+    )
+    if split:
+        base["ilp_size"]["untied"] = split
+    done()
+    if solution.status == "infeasible":
+        return _infeasible(
+            "infeasible: the solver found no plan meeting the placement constraints "
+            "and memory_budget_gib together; relax one of them.",
+            base,
+        )
+    if not solution.choice:
+        raise ValueError(
+            f"plan.time_limit_s ({config.time_limit_s} s): the solver stopped before it "
+            "found any plan (no plan could be read off the bound, and the LP relaxation "
+            "and the MIP ran out of time); raise plan.time_limit_s."
+        )
+    base["message"] = _status_message(solution, split, config)
+    if math.isfinite(solution.bound_us):
+        base["bound_us"] = float(solution.bound_us)
+    choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
+    return read_solution(
+        traced, table, costs, config, choice, solution.status, base, stepped=stepped
+    )
+
+
+def best_plan(plans: list[Plan]) -> Plan:
+    """The cheapest plan that fits (the first of equals: the least recomputation); when
+    none fits, the last mode's infeasible plan, naming every mode tried."""
+    fitting = [p for p in plans if p.status != "infeasible"]
+    if fitting:
+        return min(fitting, key=lambda p: p.objective_us)
+    last = plans[-1]
+    if len(plans) == 1:
+        return last
+    return replace(
+        last,
+        message=f"with activation_checkpointing auto, no mode fits ({', '.join(_modes(plans))}); "
+        + last.message,
+    )
+
+
+def _modes(plans: list[Plan]) -> list[str]:
+    return [next(iter(set(p.checkpointing.values())), "none") for p in plans]
+
+
+def _status_message(solution: Any, split: int, config: PlanConfig) -> str:
+    if solution.status == "time_limit" and solution.proof_budget_s is not None:
+        return (
+            "time_limit: after the untie stage (layers under the memory budget), the MIP "
+            f"over tied plans had {solution.proof_budget_s:.3g} s and stopped before proving "
+            f"that none beats this plan; it is at most {solution.gap:.3%} above any tied "
+            "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
+            "plan.time_limit_s."
+        )
+    if solution.status == "optimal" and split:
+        return (
+            f"optimal among tied plans: {split} twin class{'es are' if split > 1 else ' is'} "
+            "split under the memory budget (plan.untie_under_budget), and the MIP over tied "
+            "plans proved that none beats this plan; other splits were searched, not proved. "
+            "Set plan.untie_under_budget: false for the tied optimum alone."
+        )
+    if solution.status == "time_limit":
+        gap = solution.gap
+        return (
+            f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "
+            "proving this plan optimal"
+            + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
+            + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
+        )
+    return ""
+
+
+def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
+    total = 0.0
+    for p, mem in costs.memory.items():
+        ok = allowed.get(p, np.ones(len(mem), dtype=bool))
+        total += float(mem[ok].min())
+    return total
+
+
+def _too_small(problem: Problem, mode: str, costs: CostTable, need: float) -> str:
+    """The infeasible message: the smallest footprint, its parts, and the levers left."""
+    config = problem.config
+    states = _min_memory(
+        replace(
+            costs, memory={p: costs.memory[p] for p in problem.traced.params if p in costs.memory}
+        ),
+        problem.allowed,
+    )
+    levers = ["raise the budget", "use a larger mesh"]
+    parts = "parameters + gradients + optimizer state"
+    if problem.counts_activations:
+        parts += (
+            f" ({states / 2**30:.4g} GiB) + saved activations ({(need - states) / 2**30:.4g} GiB)"
+        )
+        if mode != "full":
+            levers.append("recompute more (activation_checkpointing: full)")
+        levers.append("shorten the sequence or the batch")
+    return (
+        f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the smallest "
+        f"footprint any plan has on this mesh, {need / 2**30:.6g} GiB ({need:.0f} bytes) of "
+        f"{parts} per device, {(need - config.memory_budget_bytes) / 2**30:.4g} GiB over "
+        f"(checkpointing: {mode}); {', '.join(levers[:-1])} or {levers[-1]}."
+    )
+
+
+def _infeasible(message: str, base: dict[str, Any]) -> Plan:
+    return Plan(
+        status="infeasible",
+        objective_us=math.nan,
+        compute_us=math.nan,
+        comm_us=math.nan,
+        message=message,
+        **base,
+    )
