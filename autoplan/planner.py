@@ -26,7 +26,7 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
-from autoplan.solve_stage import Problem, best_plan, solve_mode
+from autoplan.solve_stage import Problem, reserve_transient, solve_mode
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
@@ -247,16 +247,13 @@ def _plan_traced(
         modes = CHECKPOINT_MODES
     else:  # without a budget on activations, recomputing only adds time
         modes = ("none",) if auto else (config.activation_checkpointing,)
-    plans = [
-        solve_mode(
-            Problem(traced, table, costs, config, allowed, set(pinned), counted),
-            mode,
-            base,
-            lambda phase: _timed(timings, phase, progress),
-        )
-        for mode in modes
-    ]
-    return best_plan(plans)
+    problem = Problem(traced, table, costs, config, allowed, set(pinned), counted)
+
+    def timed(phase: str) -> Callable[[], None]:
+        return _timed(timings, phase, progress)
+
+    plans = [solve_mode(problem, mode, base, timed) for mode in modes]
+    return reserve_transient(problem, plans, base, timed)
 
 
 def _plan_fields(

@@ -75,8 +75,7 @@ def recompute_set(traced: TracedGraph, mode: str) -> tuple[str, ...]:
             return True
         if layer_of(source) is None or node in outputs or source in outputs:
             return True
-        op = source.target
-        if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags:
+        if torch.Tag.nondeterministic_seeded in getattr(source.target, "tags", ()):
             return True
         if mutates(source):
             return True

@@ -35,7 +35,7 @@ from autoplan.recompute import layer_names, priced_recompute, recompute_set, wit
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "best_plan", "solve_mode"]
+__all__ = ["Problem", "best_plan", "reserve_transient", "solve_mode"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -55,8 +55,11 @@ class Problem:
     counts_activations: bool
 
 
-def solve_mode(problem: Problem, mode: str, base: dict[str, Any], timed: Timer) -> Plan:
-    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer."""
+def solve_mode(
+    problem: Problem, mode: str, base: dict[str, Any], timed: Timer, *, reserve: float = 0.0
+) -> Plan:
+    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer;
+    ``reserve`` bytes of the budget are kept for the backward's transient peak."""
     traced, table, config, allowed = problem.traced, problem.table, problem.config, problem.allowed
     done = timed("recompute")
     recompute = recompute_set(traced, mode)
@@ -73,9 +76,10 @@ def solve_mode(problem: Problem, mode: str, base: dict[str, Any], timed: Timer) 
     }
     budget = config.memory_budget_bytes
     if budget is not None:
+        budget -= reserve
         need = _min_memory(costs, allowed)
         if need > budget:
-            return _infeasible(_too_small(problem, mode, costs, need), base)
+            return _infeasible(_too_small(problem, mode, costs, need, reserve), base)
     done = timed("ilp_build")
     reduction = (
         collapse_followers(table, costs, keep=set(allowed)) if config.collapse_followers else None
@@ -145,6 +149,55 @@ def solve_mode(problem: Problem, mode: str, base: dict[str, Any], timed: Timer) 
     )
 
 
+def reserve_transient(
+    problem: Problem, plans: list[Plan], base: dict[str, Any], timed: Timer, rounds: int = 2
+) -> Plan:
+    """The cheapest of ``plans`` (:func:`best_plan`) when the budget does not count
+    activations or its peak (the memory the budget caps plus the backward's transient
+    peak) is within the budget. Otherwise the cheapest plan whose peak is within it:
+    among ``plans`` and the cheapest one's mode solved again with the budget less its
+    transient (up to ``rounds`` times: another plan has another transient). When none
+    is, the cheapest plan, its message saying by how much its peak is over."""
+    best = best_plan(plans)
+    budget = problem.config.memory_budget_bytes
+    if budget is None or not problem.counts_activations or best.status == "infeasible":
+        return best
+    if _peak(best) <= budget:
+        return best
+    fitting = [p for p in plans if p.status != "infeasible" and _peak(p) <= budget]
+    retry, reserve = best, 0.0
+    for _ in range(rounds):
+        reserve = max(reserve, retry.memory_breakdown["transient"])
+        retry = solve_mode(problem, _modes([best])[0], base, timed, reserve=reserve)
+        if retry.status == "infeasible":
+            break
+        if _peak(retry) <= budget:
+            note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
+            fitting.append(replace(retry, message=" ".join(filter(None, (retry.message, note)))))
+            break
+    if fitting:
+        return min(fitting, key=lambda p: p.objective_us)
+    over = (_peak(best) - budget) / 2**30
+    return replace(
+        best,
+        message=" ".join(
+            filter(
+                None,
+                (
+                    best.message,
+                    f"Its peak with the backward's transient, {_peak(best) / 2**30:.4g} GiB, "
+                    f"is {over:.4g} GiB over memory_budget_gib: no plan found leaves room for "
+                    "the transient; raise the budget a little or recompute more.",
+                ),
+            )
+        ),
+    )
+
+
+def _peak(plan: Plan) -> float:
+    return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0)
+
+
 def best_plan(plans: list[Plan]) -> Plan:
     """The cheapest plan that fits (the first of equals: the least recomputation); when
     none fits, the last mode's infeasible plan, naming every mode tried."""
@@ -200,7 +253,7 @@ def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
     return total
 
 
-def _too_small(problem: Problem, mode: str, costs: CostTable, need: float) -> str:
+def _too_small(problem: Problem, mode: str, costs: CostTable, need: float, reserve: float) -> str:
     """The infeasible message: the smallest footprint, its parts, and the levers left."""
     config = problem.config
     states = _min_memory(
@@ -210,6 +263,7 @@ def _too_small(problem: Problem, mode: str, costs: CostTable, need: float) -> st
         problem.allowed,
     )
     levers = ["raise the budget", "use a larger mesh"]
+    held = f" and {reserve / 2**30:.4g} GiB for the backward's transient peak" if reserve else ""
     parts = "parameters + gradients + optimizer state"
     if problem.counts_activations:
         parts += (
@@ -221,8 +275,8 @@ def _too_small(problem: Problem, mode: str, costs: CostTable, need: float) -> st
     return (
         f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the smallest "
         f"footprint any plan has on this mesh, {need / 2**30:.6g} GiB ({need:.0f} bytes) of "
-        f"{parts} per device, {(need - config.memory_budget_bytes) / 2**30:.4g} GiB over "
-        f"(checkpointing: {mode}); {', '.join(levers[:-1])} or {levers[-1]}."
+        f"{parts} per device{held}, {(need + reserve - config.memory_budget_bytes) / 2**30:.4g} "
+        f"GiB over (checkpointing: {mode}); {', '.join(levers[:-1])} or {levers[-1]}."
     )
 
 

@@ -65,24 +65,28 @@ def test_the_breakdown_adds_up_and_the_budget_leaves_activations_out_unless_aske
 
 
 def test_a_budget_counting_activations_shards_them_and_is_met():
-    free = _plan()
+    """The budget caps parameters, gradients, optimizer state and the kept activations;
+    the plan's peak with the backward's transient is within it too (its first plan was
+    over, so it was solved again keeping room for the transient). A 4-way mesh keeps
+    the budgeted solves short."""
+    free = _plan((4,))
     everything = sum(free.memory_breakdown[k] for k in ("parameters", "gradients", "optimizer"))
     everything += free.memory_breakdown["activations"]
-    budget = 0.6 * everything
-    plan = _plan(memory_budget_gib=budget / 2**30, activation_memory=True)
+    budget = 0.7 * everything
+    plan = _plan((4,), memory_budget_gib=budget / 2**30, activation_memory=True)
     assert plan.status == "optimal"
     b = plan.memory_breakdown
     counted = b["parameters"] + b["gradients"] + b["optimizer"] + b["activations"]
     assert plan.memory_bytes == pytest.approx(counted)
-    assert counted <= budget * (1 + 1e-9)
+    assert counted + b["transient"] <= budget * (1 + 1e-9)
+    assert "The budget kept" in plan.message and "transient peak" in plan.message
     assert b["activations"] < free.memory_breakdown["activations"]
     # merged into their producers, followers bring their activations along: the budget the
-    # solver saw is the one the whole graph meets (the plain ILP can only do better)
+    # solver saw is the one the whole graph meets
     plain = _plan(
-        memory_budget_gib=budget / 2**30, activation_memory=True, collapse_followers=False
+        (4,), memory_budget_gib=budget / 2**30, activation_memory=True, collapse_followers=False
     )
-    assert plain.memory_bytes <= budget * (1 + 1e-9)
-    assert plain.objective_us <= plan.objective_us * (1 + 1e-9)
+    assert plain.status == "optimal" and plain.memory_bytes <= budget * (1 + 1e-9)
 
 
 def test_too_small_a_budget_with_activations_says_they_are_counted():
