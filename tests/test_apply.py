@@ -517,25 +517,19 @@ LLAMA_PINS = {
 } | {"output.weight": "S(0)S(0)"}
 
 
+def _pinned_llama(mm_mode: str, **config) -> Plan:
+    """The tiny LLaMA on (dp=2, tp=2), its weights pinned to LLAMA_PINS."""
+    return _plan(
+        "llama", (2, 2), ("dp", "tp"), "S(0)R", mm_mode=mm_mode, pins=LLAMA_PINS, solver="highs",
+        **config,
+    )  # fmt: skip
+
+
 def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
     """Tiny LLaMA on (dp=2, tp=2) with sharded weights, einsum and native mm plans, on 4 gloo
     processes, its logits returned and a cross-entropy with labels computed from them:
     loss, every gradient, one AdamW step, the forward alone and the collectives match."""
-    plans = {
-        mode: (
-            "llama",
-            _plan(
-                "llama",
-                (2, 2),
-                ("dp", "tp"),
-                "S(0)R",
-                mm_mode=mode,
-                pins=LLAMA_PINS,
-                solver="highs",
-            ),
-        )
-        for mode in ("einsum", "native")
-    }
+    plans = {mode: ("llama", _pinned_llama(mode)) for mode in ("einsum", "native")}
     results = _spawn_cases(tmp_path, plans, losses={mode: "ce" for mode in plans})
     for mode, (_, plan) in plans.items():
         assert plan.status == "optimal", plan.message
@@ -548,23 +542,11 @@ def test_activation_checkpointing_recomputes_as_planned_and_matches_one_device(t
     so the recomputed matmuls move their inputs again): the backward runs the planned
     copies and their collectives, and loss, gradients and AdamW match one device."""
     plans = {
-        f"{ckpt}_{mode}": (
-            "llama",
-            _plan(
-                "llama",
-                (2, 2),
-                ("dp", "tp"),
-                "S(0)R",
-                mm_mode=mode,
-                pins=LLAMA_PINS,
-                solver="highs",
-                activation_checkpointing=ckpt,
-            ),
-        )
+        f"{ckpt}_{mode}": ("llama", _pinned_llama(mode, activation_checkpointing=ckpt))
         for ckpt, mode in (("selective", "einsum"), ("full", "einsum"), ("full", "native"))
     }
     results = _spawn_cases(tmp_path, plans, losses=dict.fromkeys(plans, "ce"))
-    plain = _plan("llama", (2, 2), ("dp", "tp"), "S(0)R", pins=LLAMA_PINS, solver="highs")
+    plain = _pinned_llama("einsum")
     for name, (_, plan) in plans.items():
         assert plan.recompute and set(plan.checkpointing.values()) == {name.split("_")[0]}
         _assert_matches(results[name], plan)
