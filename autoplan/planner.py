@@ -26,7 +26,7 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
-from autoplan.solve_stage import Problem, reserve_transient, solve_mode
+from autoplan.solve_stage import Problem, reserve_transient, solve_modes
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
@@ -252,8 +252,7 @@ def _plan_traced(
     def timed(phase: str) -> Callable[[], None]:
         return _timed(timings, phase, progress)
 
-    plans = [solve_mode(problem, mode, base, timed) for mode in modes]
-    return reserve_transient(problem, plans, base, timed)
+    return reserve_transient(problem, solve_modes(problem, modes, base, timed), base, timed)
 
 
 def _plan_fields(

@@ -30,7 +30,7 @@ from torch import fx
 from autoplan.config import CHECKPOINT_MODES as MODES
 from autoplan.cost.price import CostTable
 from autoplan.graph import RECOMPUTES, forward_part, layer_of
-from autoplan.strategies.dtensor import mutates, use_lazy_graph_module
+from autoplan.strategies.dtensor import make_graph_module, mutates, use_lazy_graph_module
 from autoplan.trace import TracedGraph
 
 __all__ = [
@@ -198,6 +198,6 @@ def with_recompute(traced: TracedGraph, names: Sequence[str]) -> TracedGraph:
         for user in list(node.users):
             if user not in forward and user.op != "output" and user not in made:
                 user.replace_input_with(node, copy)
-    with use_lazy_graph_module(True):
-        gm = fx.GraphModule(traced.gm, graph)
+    with use_lazy_graph_module(True):  # its code is generated when first run, if ever
+        gm = make_graph_module(traced.gm, graph)
     return replace(traced, gm=gm)

@@ -14,7 +14,7 @@ trace, strategy table and price table, and keeps the cheapest plan that fits
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,7 @@ from autoplan.recompute import layer_names, priced_recompute, recompute_set, wit
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "best_plan", "reserve_transient", "solve_mode"]
+__all__ = ["Problem", "best_plan", "reserve_transient", "solve_mode", "solve_modes"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -56,10 +56,18 @@ class Problem:
 
 
 def solve_mode(
-    problem: Problem, mode: str, base: dict[str, Any], timed: Timer, *, reserve: float = 0.0
-) -> Plan:
+    problem: Problem,
+    mode: str,
+    base: dict[str, Any],
+    timed: Timer,
+    *,
+    reserve: float = 0.0,
+    beat: float = math.inf,
+) -> Plan | None:
     """The plan of ``problem`` with activation checkpointing ``mode`` in every layer;
-    ``reserve`` bytes of the budget are kept for the backward's transient peak."""
+    ``reserve`` bytes of the budget are kept for the backward's transient peak. None
+    when the relaxation's bound shows that no plan of this mode costs less than
+    ``beat`` microseconds."""
     traced, table, config, allowed = problem.traced, problem.table, problem.config, problem.allowed
     done = timed("recompute")
     recompute = recompute_set(traced, mode)
@@ -124,7 +132,11 @@ def solve_mode(
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
         untie=config.untie_under_budget,
+        beat=beat,
     )
+    if solution.status == "beaten":
+        done()
+        return None
     if split:
         base["ilp_size"]["untied"] = split
     done()
@@ -169,7 +181,7 @@ def reserve_transient(
     for _ in range(rounds):
         reserve = max(reserve, retry.memory_breakdown["transient"])
         retry = solve_mode(problem, _modes([best])[0], base, timed, reserve=reserve)
-        if retry.status == "infeasible":
+        if retry is None or retry.status == "infeasible":
             break
         if _peak(retry) <= budget:
             note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
@@ -196,6 +208,28 @@ def reserve_transient(
 
 def _peak(plan: Plan) -> float:
     return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0)
+
+
+# How far below the tied relaxation's bound an untied plan may go, as a share of it: a
+# mode whose bound is above the best plan by more than this is not solved further.
+UNTIE_MARGIN = 0.01
+
+
+def solve_modes(
+    problem: Problem, modes: Sequence[str], base: dict[str, Any], timed: Timer
+) -> list[Plan]:
+    """Each mode's plan, in order, but for the modes the relaxation shows cannot beat a
+    plan already found (by more than :data:`UNTIE_MARGIN`)."""
+    plans: list[Plan] = []
+    best = math.inf
+    for mode in modes:
+        plan = solve_mode(problem, mode, base, timed, beat=best * (1 + UNTIE_MARGIN))
+        if plan is None:
+            continue
+        plans.append(plan)
+        if plan.status != "infeasible":
+            best = min(best, plan.objective_us)
+    return plans
 
 
 def best_plan(plans: list[Plan]) -> Plan:

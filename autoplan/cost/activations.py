@@ -16,6 +16,8 @@ caller's (parameters are priced with their gradients and optimizer state).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,18 +53,22 @@ def activation_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np
     """Bytes per device of each kept value (:func:`saved_storage`) under each strategy of
     its node: the local size of its output placement, in its traced dtype."""
     out: dict[str, np.ndarray] = {}
+    shared: dict[tuple[Any, ...], np.ndarray] = {}  # twin nodes share their strategy tuple
     for name in saved_storage(traced):
         ns = table.nodes.get(name)
         info = ns.out_tensors[0] if ns is not None and ns.out_tensors else None
         if info is None:
             continue
-        out[name] = np.array(
-            [
-                placements_bytes(info.shape, info.dtype_bytes, s.outs[0], table.mesh_shape)
-                for s in ns.strategies
-            ],
-            dtype=np.float64,
-        )
+        key = (id(ns.strategies), info.shape, info.dtype_bytes)
+        if key not in shared:
+            shared[key] = np.array(
+                [
+                    placements_bytes(info.shape, info.dtype_bytes, s.outs[0], table.mesh_shape)
+                    for s in ns.strategies
+                ],
+                dtype=np.float64,
+            )
+        out[name] = shared[key]
     return out
 
 
@@ -79,10 +85,10 @@ def backward_peak(
     original. Beyond this the step holds the parameters, the optimizer state and the
     kept activations, which stay until the backward ends.
     """
-    forward = forward_part([traced.node(n) for n in traced.outputs])
-    param_of = {
-        traced.node(g): traced.params[traced.param_fqns.index(f)] for f, g in traced.grads.items()
-    }
+    by_name = {n.name: n for n in traced.gm.graph.nodes}
+    forward = forward_part([by_name[n] for n in traced.outputs])
+    param = dict(zip(traced.param_fqns, traced.params, strict=True))
+    param_of = {by_name[g]: param[f] for f, g in traced.grads.items()}
     nodes = [n for n in traced.gm.graph.nodes if n not in forward and n.op == "call_function"]
     order = {n: i for i, n in enumerate(nodes)}
     last: dict[fx.Node, int] = {}
@@ -93,36 +99,42 @@ def backward_peak(
             last[root] = max(last.get(root, order[root]), *uses)
     live = peak = returned = 0.0
     frees: dict[int, float] = {}
+    nbytes = functools.cache(functools.partial(_bytes, mesh_shape=table.mesh_shape))
     for i, n in enumerate(nodes):
         ns = table.nodes.get(source_name(n))
         # a multi-output op's outputs are its getitems' storage, a view its base's
         allocates = ns is not None and _storage_root(n) is n and is_tensor_node(n)
-        own = _out_bytes(ns, choice, table) if allocates else 0.0
+        own = _out_bytes(ns, choice, nbytes) if allocates else 0.0
         live += own
         frees[last.get(n, i)] = frees.get(last.get(n, i), 0.0) + own
-        moved = _moved_bytes(n, ns, choice, table) if ns is not None else 0.0
+        moved = _moved_bytes(ns, choice, table, nbytes) if ns is not None else 0.0
         if n in param_of and ns is not None:
             info, param = ns.out_tensors[0], table.nodes[param_of[n]]
-            where = param.strategies[choice[param.name]].outs[0]
-            returned += placements_bytes(info.shape, info.dtype_bytes, where, table.mesh_shape)
+            returned += nbytes(
+                info.shape, info.dtype_bytes, param.strategies[choice[param.name]].outs[0]
+            )
         peak = max(peak, live + returned + moved)
         live -= frees.pop(i, 0.0)
     return peak, returned
 
 
-def _out_bytes(ns: Any, choice: dict[str, int], table: StrategyTable) -> float:
+def _bytes(shape: tuple[int, ...], elem: int, where: Any, *, mesh_shape: tuple[int, ...]) -> float:
+    return float(placements_bytes(shape, elem, where, mesh_shape))
+
+
+def _out_bytes(ns: Any, choice: dict[str, int], nbytes: Callable[..., float]) -> float:
     strategy = ns.strategies[choice[ns.name]]
-    return float(
-        sum(
-            placements_bytes(info.shape, info.dtype_bytes, where, table.mesh_shape)
-            for info, where in zip(ns.out_tensors, strategy.outs, strict=True)
-            if info is not None and where is not None
-        )
+    return sum(
+        nbytes(info.shape, info.dtype_bytes, where)
+        for info, where in zip(ns.out_tensors, strategy.outs, strict=True)
+        if info is not None and where is not None
     )
 
 
-def _moved_bytes(node: fx.Node, ns: Any, choice: dict[str, int], table: StrategyTable) -> float:
-    """The copies of ``node``'s inputs moved to the placements its strategy reads them in."""
+def _moved_bytes(
+    ns: Any, choice: dict[str, int], table: StrategyTable, nbytes: Callable[..., float]
+) -> float:
+    """The copies of a node's inputs moved to the placements its strategy reads them in."""
     strategy = ns.strategies[choice[ns.name]]
     total = 0.0
     for ref, info, want in zip(ns.inputs, ns.in_tensors, strategy.ins, strict=True):
@@ -130,7 +142,7 @@ def _moved_bytes(node: fx.Node, ns: Any, choice: dict[str, int], table: Strategy
         if info is None or producer is None or ref.node not in choice:
             continue
         if producer.strategies[choice[ref.node]].outs[ref.index] != want:
-            total += placements_bytes(info.shape, info.dtype_bytes, want, table.mesh_shape)
+            total += nbytes(info.shape, info.dtype_bytes, want)
     return total
 
 

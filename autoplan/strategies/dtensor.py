@@ -45,7 +45,11 @@ from torch.distributed.tensor.placement_types import (
     _MaskPartial,
     _StridedShard,
 )
-from torch.fx._lazy_graph_module import _force_skip_lazy_graph_module, _use_lazy_graph_module
+from torch.fx._lazy_graph_module import (
+    _force_skip_lazy_graph_module,
+    _make_graph_module,
+    _use_lazy_graph_module,
+)
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.nn.modules import module as _module
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -89,12 +93,14 @@ __all__ = [
     "single_dim_rules",
     "tensor_meta",
     "use_lazy_graph_module",
+    "make_graph_module",
 ]
 
 ShardingPlaceholder = _ShardingPlaceholder
 extract_tensor_metadata = _extract_tensor_metadata
 # GraphModules that generate their Python code on first use (see trace.py).
 use_lazy_graph_module = _use_lazy_graph_module
+make_graph_module = _make_graph_module  # lazy under use_lazy_graph_module(True)
 force_eager_graph_module = _force_skip_lazy_graph_module
 aten = torch.ops.aten
 
