@@ -17,6 +17,7 @@ from autoplan.ilp.build import build_ilp
 from autoplan.ilp.problem import InfeasibleError
 from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.solve import solve
+from autoplan.recompute import priced_recompute
 from autoplan.strategies.dtensor import Replicate, Shard
 from autoplan.strategies.table import (
     InputRef,
@@ -512,3 +513,29 @@ def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, m
     config = autoplan.PlanConfig(time_limit_s=2.0)
     with pytest.raises(ValueError, match=r"plan.time_limit_s \(2.0 s\).*raise plan.time_limit_s"):
         autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:12])
+def test_recomputation_and_activations_match_brute_force(seed):
+    """Activation checkpointing's pricing (recomputed nodes: compute twice and every move
+    into them a second, parallel edge) with activation bytes in the memory row: the ILP
+    under a budget equals brute force, and the second edges are priced in full."""
+    costs = _random_costs(seed, memory=True)
+    rng = np.random.default_rng(seed + 1000)
+    names = list(costs.compute)
+    kept = {v: rng.integers(1, 60, size=len(costs.compute[v])).astype(np.float64) for v in names}
+    costs = dataclasses.replace(costs, memory=costs.memory | {
+        v: a for v, a in kept.items() if v not in costs.memory and rng.random() < 0.7
+    })  # fmt: skip
+    chosen = [v for v in names[1:] if rng.random() < 0.5] or names[-1:]
+    again = priced_recompute(costs, chosen)
+    for choice in _combos(costs)[:20]:
+        extra = sum(float(costs.compute[v][choice[v]]) for v in chosen)
+        extra += sum(
+            float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
+            for e in costs.edges
+            if e.dst in chosen
+        )
+        assert _total(again, choice) == pytest.approx(_total(costs, choice) + extra, **APPROX)
+    footprints = sorted({_memory(again, c) for c in _combos(again)})
+    _check_against_brute_force(again, budget=footprints[len(footprints) // 2])
