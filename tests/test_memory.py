@@ -135,8 +135,6 @@ def test_checkpointing_keeps_less_and_prices_the_recomputation():
     assert len(plans["full"].recompute) > len(plans["selective"].recompute) > 0
     assert plans["none"].compute_us < plans["selective"].compute_us < plans["full"].compute_us
     assert plans["full"].checkpointing == {"layers.0": "full", "layers.1": "full"}
-    # a recomputed follower's second edge folds with its first: as many nodes merge
-    assert plans["full"].ilp_size["merged"] == plans["none"].ilp_size["merged"]
     selective = {plans["selective"].node_placements[n]["op"] for n in plans["selective"].recompute}
     assert not selective & {"aten.einsum.default", "aten.mm.default"}  # matmuls are kept
     assert "aten.einsum.default" in {

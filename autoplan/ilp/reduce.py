@@ -137,10 +137,7 @@ def collapse_followers(
         edges = [e for e in in_edges.get(v, []) if e.slot != GRAD_SLOT]
         if ns.kind != "op" or v in keep or not edges or len(edges) != len(in_edges.get(v, [])):
             continue
-        # a recomputed node's second edge from the same input (autoplan.recompute) is
-        # the same move again: it folds into the root with the first
-        inputs = {(x.src, x.src_out, x.slot) for x in edges}
-        if len(inputs) > 1 and not (ns.pointwise and len(ns.out_tensors) == 1):
+        if len(edges) > 1 and not (ns.pointwise and len(ns.out_tensors) == 1):
             continue
         # follow the largest input: the tensor a redistribution would move most bytes of
         e = max(edges, key=lambda x: (_numel(x), -x.slot))
