@@ -31,11 +31,14 @@ class Plan:
     ``ilp_size`` the solver's
     variables and constraints; ``comm`` the priced collectives by kind
     (count, bytes, microseconds); ``memory_bytes`` the per-device bytes the memory budget
-    caps (``memory_breakdown`` splits a device's peak bytes into parameters, gradients,
-    optimizer state, the activations kept for the backward (counted in ``memory_bytes``
-    only with ``PlanConfig.activation_memory``) and the backward's transient peak beyond
-    them, :func:`autoplan.cost.activations.backward_peak`) of
-    parameters, gradients and optimizer state; ``routes`` the input moves that
+    caps: parameters, gradients and optimizer state, and the activations kept for the
+    backward when the budget counts them (``PlanConfig.activation_memory``, or
+    ``activation_checkpointing="auto"``). ``memory_breakdown`` splits a device's peak
+    bytes into ``parameters``, ``gradients``, ``optimizer``, ``activations`` and
+    ``transient``, the backward's peak beyond them
+    (:func:`autoplan.cost.activations.backward_peak`). ``checkpointing`` maps each layer
+    to its activation-checkpointing mode and ``recompute`` lists the forward nodes the
+    backward computes again (:mod:`autoplan.recompute`). ``routes`` the input moves that
     run as a chain of redistributions (:mod:`autoplan.cost.routes`), keyed
     ``"node:slot"`` (slot: the node's tensor input), each with the placements the
     tensor passes between its producer's and the node's. ``bound_us`` is the solver's
