@@ -3,7 +3,8 @@
 Four gloo processes on a 2x2 (dp, tp) mesh, as a ``torchrun`` job. GPT-2 and LLaMA tiny
 configs, as ``transformers`` builds them (``forward(input_ids=, labels=)`` returns an
 output object whose ``loss`` the model computes), are planned in the job from a dict
-``input_fn`` (``input_ids``, ``attention_mask``, ``labels``) under a memory budget that makes them shard, and train three AdamW steps
+``input_fn`` (``input_ids``, ``attention_mask``, ``labels``) under a memory budget that
+makes them shard (LLaMA with full activation checkpointing), and train three AdamW steps
 fed keyword batches: each loss equal to one device's. Then the bad calls a user makes.
 """
 
@@ -39,6 +40,8 @@ CONFIGS = {
         0.001,
     ),
 }  # each with a budget below its replicated footprint: the plan must shard
+# LLaMA recomputes its layers in the backward (full activation checkpointing)
+CHECKPOINTING = {"gpt2": "none", "llama": "full"}
 
 
 def _batch(seed: int) -> dict[str, torch.Tensor]:
@@ -54,7 +57,9 @@ def _train(kind: str, mesh) -> dict:
         lambda: _batch(0),
         mesh,
         input_placements="S(0)R",
-        config=autoplan.PlanConfig(memory_budget_gib=budget),
+        config=autoplan.PlanConfig(
+            memory_budget_gib=budget, activation_checkpointing=CHECKPOINTING[kind]
+        ),
         broadcast_from=0,
     )
     torch.manual_seed(0)
@@ -88,6 +93,8 @@ def _train(kind: str, mesh) -> dict:
             errors[name] = f"{type(exc).__name__}: {exc}"
     return {
         "placements": sorted({fmt(p) for p in plan.param_placements.values()}),
+        "checkpointing": sorted(set(plan.checkpointing.values())),
+        "recomputed": len(plan.recompute),
         "output": type(out).__name__,
         "losses": losses,
         "errors": errors,
@@ -111,6 +118,8 @@ def job(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_the_plan_shards_the_model(job, kind):
     assert set(job[0][kind]["placements"]) - {"RR"}
+    assert job[0][kind]["checkpointing"] == [CHECKPOINTING[kind]]  # each HF layer, tagged
+    assert (job[0][kind]["recomputed"] > 0) == (CHECKPOINTING[kind] == "full")
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
