@@ -19,7 +19,7 @@ compute and its inputs' moves once more, and the plan's prices stay exact.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -51,35 +51,50 @@ CheckpointMode = Literal["none", "selective", "full"]
 _COSTLY = ("mm", "bmm", "addmm", "baddbmm", "einsum", "convolution", "scaled_dot_product")
 
 
-def recompute_set(traced: TracedGraph, mode: str) -> tuple[str, ...]:
-    """The forward nodes (in graph order) the backward computes again under ``mode``.
+def recompute_set(traced: TracedGraph, mode: str | Mapping[str, str]) -> tuple[str, ...]:
+    """The forward nodes (in graph order) the backward computes again under ``mode``: one
+    mode for every layer, or a mode per layer name (a layer absent: ``"none"``).
 
     ``"full"`` keeps only what a layer reads from outside it (its input, the
-    parameters) and recomputes every value of the layer the backward reads;
+    parameters) and what other layers read of it (its output), and recomputes every
+    value of the layer the backward reads;
     ``"selective"`` also keeps the outputs of matmuls and attention. A value is always
     kept when it draws random numbers or writes to a tensor (its recomputation would
     differ), or is an output of the model (the caller holds it anyway).
     """
-    if mode not in MODES:
+    modes = mode.values() if isinstance(mode, Mapping) else [mode]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
         raise ValueError(
-            f"activation_checkpointing is {mode!r}; use one of {', '.join(map(repr, MODES))}."
+            f"activation_checkpointing is {bad[0]!r}; use one of {', '.join(map(repr, MODES))}."
         )
-    if mode == "none":
+    if all(m == "none" for m in modes):
         return ()
     outputs = {traced.node(n) for n in traced.outputs}
     forward = forward_part(outputs)
+
+    def mode_of(layer: str | None) -> str:
+        if layer is None:
+            return "none"
+        return mode.get(layer, "none") if isinstance(mode, Mapping) else mode
 
     def kept(node: fx.Node) -> bool:
         source = node.args[0] if node.target is operator.getitem else node
         if not isinstance(source, fx.Node) or source.op != "call_function":
             return True
-        if layer_of(source) is None or node in outputs or source in outputs:
+        layer = layer_of(source)
+        layer_mode = mode_of(layer)
+        if layer_mode == "none" or node in outputs or source in outputs:
+            return True
+        # a value another layer reads is that layer's input: recomputed, the next
+        # layer's recomputation would chain back through every layer before it
+        if any(u in forward and layer_of(u) != layer for u in node.users):
             return True
         if torch.Tag.nondeterministic_seeded in getattr(source.target, "tags", ()):
             return True
         if mutates(source):
             return True
-        return mode == "selective" and _costly(source)
+        return layer_mode == "selective" and _costly(source)
 
     stack = [
         n

@@ -14,7 +14,7 @@ trace, strategy table and price table, and keeps the cheapest plan that fits
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,13 @@ from autoplan.recompute import layer_names, priced_recompute, recompute_set, wit
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "best_plan", "reserve_transient", "solve_mode", "solve_modes"]
+__all__ = [
+    "Problem",
+    "best_plan",
+    "reserve_transient",
+    "solve_mode",
+    "solve_modes",
+]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -57,14 +63,15 @@ class Problem:
 
 def solve_mode(
     problem: Problem,
-    mode: str,
+    mode: str | Mapping[str, str],
     base: dict[str, Any],
     timed: Timer,
     *,
     reserve: float = 0.0,
     beat: float = math.inf,
 ) -> Plan | None:
-    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer;
+    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer (or
+    a mode per layer name);
     ``reserve`` bytes of the budget are kept for the backward's transient peak. None
     when the relaxation's bound shows that no plan of this mode costs less than
     ``beat`` microseconds."""
@@ -79,7 +86,10 @@ def solve_mode(
     done()
     base = base | {
         "recompute": list(recompute),
-        "checkpointing": dict.fromkeys(layer_names(traced), mode),
+        "checkpointing": {
+            layer: mode.get(layer, "none") if isinstance(mode, Mapping) else mode
+            for layer in layer_names(traced)
+        },
         "ilp_size": dict(base["ilp_size"]),
     }
     budget = config.memory_budget_bytes
@@ -87,7 +97,7 @@ def solve_mode(
         budget -= reserve
         need = _min_memory(costs, allowed)
         if need > budget:
-            return _infeasible(_too_small(problem, mode, costs, need, reserve), base)
+            return _infeasible(_too_small(problem, _label(mode), costs, need, reserve), base)
     done = timed("ilp_build")
     reduction = (
         collapse_followers(table, costs, keep=set(allowed)) if config.collapse_followers else None
@@ -180,7 +190,7 @@ def reserve_transient(
     retry, reserve = best, 0.0
     for _ in range(rounds):
         reserve = max(reserve, retry.memory_breakdown["transient"])
-        retry = solve_mode(problem, _modes([best])[0], base, timed, reserve=reserve)
+        retry = solve_mode(problem, best.checkpointing, base, timed, reserve=reserve)
         if retry is None or retry.status == "infeasible":
             break
         if _peak(retry) <= budget:
@@ -246,6 +256,13 @@ def best_plan(plans: list[Plan]) -> Plan:
         message=f"with activation_checkpointing auto, no mode fits ({', '.join(_modes(plans))}); "
         + last.message,
     )
+
+
+def _label(mode: str | Mapping[str, str]) -> str:
+    """A mode, or a per-layer one by the modes it mixes."""
+    if isinstance(mode, Mapping):
+        return "+".join(sorted(set(mode.values())))
+    return mode
 
 
 def _modes(plans: list[Plan]) -> list[str]:
