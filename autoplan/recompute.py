@@ -21,7 +21,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
 import numpy as np
 import torch
@@ -36,7 +35,6 @@ from autoplan.trace import TracedGraph
 __all__ = [
     "MODES",
     "layer_names",
-    "CheckpointMode",
     "priced_recompute",
     "recompute_set",
     "stepped_moves",
@@ -44,7 +42,6 @@ __all__ = [
 ]
 
 _COPY = "_recompute"  # the suffix of a copy's name
-CheckpointMode = Literal["none", "selective", "full"]
 
 # What selective checkpointing keeps: the ops whose recomputation costs the most per
 # byte kept (matmuls and attention); norms, pointwise ops, RoPE and views run again.
