@@ -155,6 +155,12 @@ class PlanConfig:
         return DTYPES[self.reduce_dtype].itemsize
 
     @property
+    def counts_activations(self) -> bool:
+        """Whether ``memory_budget_gib`` caps the kept activations too (``auto`` needs it
+        to choose a mode)."""
+        return self.activation_memory or self.activation_checkpointing == "auto"
+
+    @property
     def memory_budget_bytes(self) -> float | None:
         return None if self.memory_budget_gib is None else self.memory_budget_gib * 2**30
 

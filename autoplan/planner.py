@@ -242,12 +242,11 @@ def _plan_traced(
     done()
     base = _plan_fields(traced, table, config, timings)
     auto = config.activation_checkpointing == "auto"
-    counted = config.activation_memory or auto
     if auto and config.memory_budget_gib is not None:
         modes = CHECKPOINT_MODES
     else:  # without a budget on activations, recomputing only adds time
         modes = ("none",) if auto else (config.activation_checkpointing,)
-    problem = Problem(traced, table, costs, config, allowed, set(pinned), counted)
+    problem = Problem(traced, table, costs, config, allowed, set(pinned))
 
     def timed(phase: str) -> Callable[[], None]:
         return _timed(timings, phase, progress)

@@ -16,14 +16,12 @@ model, options) is refused with a message naming what differs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from autoplan.constraints import resolve_pins, untie
-from autoplan.cost.activations import activation_memory
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.cost.redistribute import RedistributeModel
@@ -32,7 +30,7 @@ from autoplan.ilp.reduce import collapse_followers
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
-from autoplan.recompute import priced_recompute, with_recompute
+from autoplan.recompute import checkpointed
 from autoplan.rewrite import rewrite
 from autoplan.runfile import Run
 from autoplan.strategies.enumerate import enumerate_strategies
@@ -177,11 +175,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
         routes=config.routes,
     )
     # the plan's recomputation priced and its kept activations counted, as planned
-    costs = priced_recompute(costs, plan.recompute)
-    activations = activation_memory(with_recompute(traced, plan.recompute), table)
-    counted = config.activation_memory or config.activation_checkpointing == "auto"
-    memory = costs.memory | activations if counted else costs.memory
-    costs = dataclasses.replace(costs, memory=memory, activations=activations)
+    costs, _ = checkpointed(traced, table, costs, plan.recompute, counted=config.counts_activations)
     choice = _read_choice(table, plan, plan_source, run)
     in_edges: dict[str, list[EdgeCost]] = {}
     out_edges: dict[str, list[EdgeCost]] = {}

@@ -27,13 +27,16 @@ import torch
 from torch import fx
 
 from autoplan.config import CHECKPOINT_MODES as MODES
+from autoplan.cost.activations import activation_memory
 from autoplan.cost.price import CostTable
 from autoplan.graph import RECOMPUTES, forward_part, layer_of
 from autoplan.strategies.dtensor import make_graph_module, mutates, use_lazy_graph_module
+from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
 __all__ = [
     "MODES",
+    "checkpointed",
     "layer_names",
     "priced_recompute",
     "recompute_set",
@@ -136,6 +139,24 @@ def priced_recompute(costs: CostTable, names: Sequence[str]) -> CostTable:
     compute = {v: twice(c) if v in chosen else c for v, c in costs.compute.items()}
     again = tuple(e for e in costs.edges if e.dst in chosen)
     return replace(costs, compute=compute, edges=costs.edges + again)
+
+
+def checkpointed(
+    traced: TracedGraph,
+    table: StrategyTable,
+    costs: CostTable,
+    names: Sequence[str],
+    *,
+    counted: bool,
+) -> tuple[CostTable, TracedGraph]:
+    """``costs`` with recomputing ``names`` priced (:func:`priced_recompute`) and the
+    activations the step then keeps (``activations``; in ``memory`` too when the budget
+    ``counted`` them), and the graph the applied module runs (:func:`with_recompute`)."""
+    costs = priced_recompute(costs, names)
+    stepped = with_recompute(traced, names)
+    kept = activation_memory(stepped, table)
+    memory = costs.memory | kept if counted else costs.memory
+    return replace(costs, memory=memory, activations=kept), stepped
 
 
 def stepped_moves(

@@ -22,7 +22,6 @@ import numpy as np
 
 from autoplan.config import PlanConfig
 from autoplan.constraints import untie
-from autoplan.cost.activations import activation_memory
 from autoplan.cost.price import CostTable
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
@@ -31,7 +30,7 @@ from autoplan.ilp.reduce import collapse_followers
 from autoplan.ilp.untie import solve_untying
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
-from autoplan.recompute import layer_names, priced_recompute, recompute_set, with_recompute
+from autoplan.recompute import checkpointed, layer_names, recompute_set
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
@@ -49,8 +48,7 @@ Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 @dataclass(frozen=True)
 class Problem:
     """What every checkpointing mode's solve shares. ``allowed`` masks each constrained
-    node's strategies; ``pinned`` names the pinned nodes (never tied to a twin);
-    ``counts_activations`` puts the kept activations in the memory budget's row."""
+    node's strategies; ``pinned`` names the pinned nodes (never tied to a twin)."""
 
     traced: TracedGraph
     table: StrategyTable
@@ -58,7 +56,6 @@ class Problem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
-    counts_activations: bool
 
 
 def solve_mode(
@@ -78,11 +75,9 @@ def solve_mode(
     traced, table, config, allowed = problem.traced, problem.table, problem.config, problem.allowed
     done = timed("recompute")
     recompute = recompute_set(traced, mode)
-    costs = priced_recompute(problem.costs, recompute)
-    stepped = with_recompute(traced, recompute)  # the graph the applied module runs
-    activations = activation_memory(stepped, table)
-    capped = costs.memory | activations if problem.counts_activations else costs.memory
-    costs = replace(costs, memory=capped, activations=activations)
+    costs, stepped = checkpointed(
+        traced, table, problem.costs, recompute, counted=config.counts_activations
+    )
     done()
     base = base | {
         "recompute": list(recompute),
@@ -182,7 +177,7 @@ def reserve_transient(
     is, the cheapest plan, its message saying by how much its peak is over."""
     best = best_plan(plans)
     budget = problem.config.memory_budget_bytes
-    if budget is None or not problem.counts_activations or best.status == "infeasible":
+    if budget is None or not problem.config.counts_activations or best.status == "infeasible":
         return best
     if _peak(best) <= budget:
         return best
@@ -316,7 +311,7 @@ def _too_small(problem: Problem, mode: str, costs: CostTable, need: float, reser
     levers = ["raise the budget", "use a larger mesh"]
     held = f" and {reserve / 2**30:.4g} GiB for the backward's transient peak" if reserve else ""
     parts = "parameters + gradients + optimizer state"
-    if problem.counts_activations:
+    if problem.config.counts_activations:
         parts += (
             f" ({states / 2**30:.4g} GiB) + saved activations ({(need - states) / 2**30:.4g} GiB)"
         )
