@@ -41,8 +41,8 @@ class PlanConfig:
     backward instead of keeping (see :mod:`autoplan.recompute`): ``"none"``;
     ``"selective"`` keeps matmul and attention outputs and recomputes the rest;
     ``"full"`` keeps the layer's input only; ``"auto"`` counts the kept activations in
-    ``memory_budget_gib``, solves each of the three and keeps the cheapest plan that fits
-    (one mode for every layer). The recomputation is priced at the chosen placements
+    ``memory_budget_gib`` and lets the ILP choose each layer's mode with the placements
+    (:mod:`autoplan.layer_modes`). The recomputation is priced at the chosen placements
     and the applied module runs it."""
     optimizer_states: int = 2
     """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""

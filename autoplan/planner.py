@@ -18,7 +18,7 @@ import numpy as np
 from torch import nn
 from torch.distributed.tensor import Placement
 
-from autoplan.config import CHECKPOINT_MODES, PlanConfig
+from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins
 from autoplan.cost.price import price
 from autoplan.graph import fingerprint
@@ -26,7 +26,7 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
-from autoplan.solve_stage import Problem, reserve_transient, solve_modes
+from autoplan.solve_stage import Problem, reserve_transient, solve_mode
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
@@ -241,17 +241,18 @@ def _plan_traced(
     )
     done()
     base = _plan_fields(traced, table, config, timings)
-    auto = config.activation_checkpointing == "auto"
-    if auto and config.memory_budget_gib is not None:
-        modes = CHECKPOINT_MODES
-    else:  # without a budget on activations, recomputing only adds time
-        modes = ("none",) if auto else (config.activation_checkpointing,)
+    auto = config.activation_checkpointing == "auto" and config.memory_budget_gib is not None
+    mode = config.activation_checkpointing
+    if mode == "auto" and not auto:  # without a budget, recomputing only adds time
+        mode = "none"
     problem = Problem(traced, table, costs, config, allowed, set(pinned))
 
     def timed(phase: str) -> Callable[[], None]:
         return _timed(timings, phase, progress)
 
-    return reserve_transient(problem, solve_modes(problem, modes, base, timed), base, timed)
+    return reserve_transient(
+        problem, solve_mode(problem, mode, base, timed), base, timed, auto=auto
+    )
 
 
 def _plan_fields(

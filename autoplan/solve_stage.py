@@ -3,12 +3,13 @@
 Input: a :class:`Problem` (the traced graph, its strategy table and cost table, the
 config and the placement constraints) and a checkpointing mode. Output: a
 :class:`~autoplan.plan.Plan`: the mode's recomputation priced
-(:mod:`autoplan.recompute`), its kept activations counted, the graph reductions, the
+(:mod:`autoplan.recompute`), or with ``"auto"`` each layer's mode in the ILP
+(:mod:`autoplan.layer_modes`), its kept activations counted, the graph reductions, the
 ILP, its solve and the read-out; or an infeasible plan saying which lever would help.
 
-Why its own stage: ``activation_checkpointing="auto"`` solves each mode on the one
-trace, strategy table and price table, and keeps the cheapest plan that fits
-(:func:`best_plan`); the planner only sequences the stages.
+Why its own stage: a budget counting activations may need the plan solved again with
+room kept for the backward's transient (:func:`reserve_transient`), on the one trace,
+strategy table and price table; the planner only sequences the stages.
 """
 
 from __future__ import annotations
@@ -26,21 +27,16 @@ from autoplan.cost.price import CostTable
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
-from autoplan.ilp.reduce import collapse_followers
+from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
+from autoplan.layer_modes import layer_modes, mode_boundary
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
 from autoplan.recompute import checkpointed, layer_names, recompute_set
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = [
-    "Problem",
-    "best_plan",
-    "reserve_transient",
-    "solve_mode",
-    "solve_modes",
-]
+__all__ = ["Problem", "reserve_transient", "solve_mode"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -65,21 +61,93 @@ def solve_mode(
     timed: Timer,
     *,
     reserve: float = 0.0,
-    beat: float = math.inf,
-) -> Plan | None:
-    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer (or
-    a mode per layer name);
-    ``reserve`` bytes of the budget are kept for the backward's transient peak. None
-    when the relaxation's bound shows that no plan of this mode costs less than
-    ``beat`` microseconds."""
-    traced, table, config, allowed = problem.traced, problem.table, problem.config, problem.allowed
+) -> Plan:
+    """The plan of ``problem`` with activation checkpointing ``mode`` in every layer, a
+    mode per layer name, or ``"auto"`` (the ILP chooses each layer's,
+    :mod:`autoplan.layer_modes`); ``reserve`` bytes of the budget are kept for the
+    backward's transient peak."""
+    if mode == "auto":
+        return _solve_auto(problem, base, timed, reserve=reserve)
+    traced, table, config = problem.traced, problem.table, problem.config
     done = timed("recompute")
     recompute = recompute_set(traced, mode)
     costs, stepped = checkpointed(
         traced, table, problem.costs, recompute, counted=config.counts_activations
     )
     done()
-    base = base | {
+    base = _with_modes(base, traced, recompute, mode)
+    done = timed("ilp_build")
+    reduction = (
+        collapse_followers(table, costs, keep=set(problem.allowed))
+        if config.collapse_followers
+        else Reduction.unreduced(costs)
+    )
+    done()
+    found = _solve_reduced(
+        problem, reduction, problem.allowed, costs, base, timed, _label(mode), reserve
+    )
+    if not isinstance(found, tuple):
+        return found
+    choice, status, base = found
+    return read_solution(
+        traced, table, costs, config, reduction.expand(choice), status, base, stepped=stepped
+    )
+
+
+def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve: float) -> Plan:
+    """:func:`solve_mode` with the mode of each layer in the ILP, the plan read out of its
+    exact recomputation."""
+    traced, table, config = problem.traced, problem.table, problem.config
+    done = timed("ilp_build")
+    keep = set(problem.allowed) | mode_boundary(traced)
+    reduction = (
+        collapse_followers(table, problem.costs, keep=keep)
+        if config.collapse_followers
+        else Reduction.unreduced(problem.costs)
+    )
+    done()
+    done = timed("recompute")
+    space = layer_modes(traced, table, problem.costs, reduction)
+    done()
+    found = _solve_reduced(
+        problem,
+        replace(reduction, costs=space.costs),
+        space.allowed(problem.allowed),
+        problem.costs,  # the plain ILP's size is counted without the modes
+        _with_modes(base, traced, (), "auto"),
+        timed,
+        "auto",
+        reserve,
+    )
+    if not isinstance(found, tuple):
+        return found
+    choice, status, base = found
+    own, modes = space.split(choice)
+    done = timed("recompute")
+    recompute = recompute_set(traced, modes)
+    costs, stepped = checkpointed(traced, table, problem.costs, recompute, counted=True)
+    done()
+    base = _with_modes(base, traced, recompute, modes)
+    plan = read_solution(
+        traced, table, costs, config, reduction.expand(own), status, base, stepped=stepped
+    )
+    budget = config.memory_budget_bytes
+    if budget is not None and plan.memory_bytes > budget - reserve:
+        # the memory row counts no less than the exact kept bytes, so this is a defect
+        raise AssertionError(
+            f"auto plan keeps {plan.memory_bytes:.0f} bytes, over its row's {budget - reserve:.0f}"
+        )
+    return plan
+
+
+def _with_modes(
+    base: dict[str, Any],
+    traced: TracedGraph,
+    recompute: Sequence[str],
+    mode: str | Mapping[str, str],
+) -> dict[str, Any]:
+    """``base`` with the recomputed nodes and each layer's mode."""
+    return base | {
         "recompute": list(recompute),
         "checkpointing": {
             layer: mode.get(layer, "none") if isinstance(mode, Mapping) else mode
@@ -87,17 +155,30 @@ def solve_mode(
         },
         "ilp_size": dict(base["ilp_size"]),
     }
+
+
+def _solve_reduced(
+    problem: Problem,
+    reduction: Reduction,
+    allowed: dict[str, np.ndarray],
+    costs: CostTable,
+    base: dict[str, Any],
+    timed: Timer,
+    label: str,
+    reserve: float,
+) -> tuple[dict[str, int], str, dict[str, Any]] | Plan:
+    """Tie, build and solve the reduced ILP of ``reduction``: its choice per reduced node,
+    the status and ``base`` with the ILP's sizes and message; or an infeasible plan.
+    ``costs`` is the unreduced table the plain ILP's size is counted on."""
+    config = problem.config
     budget = config.memory_budget_bytes
+    ilp_costs = reduction.costs
     if budget is not None:
         budget -= reserve
-        need = _min_memory(costs, allowed)
+        need = _min_memory(ilp_costs, allowed)
         if need > budget:
-            return _infeasible(_too_small(problem, _label(mode), costs, need, reserve), base)
+            return _infeasible(_too_small(problem, label, ilp_costs, need, reserve), base)
     done = timed("ilp_build")
-    reduction = (
-        collapse_followers(table, costs, keep=set(allowed)) if config.collapse_followers else None
-    )
-    ilp_costs = reduction.costs if reduction is not None else costs
     clustering = cluster(ilp_costs) if config.cluster_layers else None
     tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
     plain_vars, plain_cons = plain_size(costs, budget is not None)
@@ -107,7 +188,7 @@ def solve_mode(
         "plain_variables": plain_vars,
         "plain_constraints": plain_cons,
         "nodes": len(ilp_costs.compute),
-        "merged": reduction.num_merged if reduction is not None else 0,
+        "merged": reduction.num_merged,
         "tied": sum(1 for v, r in (tie or {}).items() if v != r),
     }
     try:
@@ -137,14 +218,10 @@ def solve_mode(
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
         untie=config.untie_under_budget,
-        beat=beat,
     )
-    if solution.status == "beaten":
-        done()
-        return None
+    done()
     if split:
         base["ilp_size"]["untied"] = split
-    done()
     if solution.status == "infeasible":
         return _infeasible(
             "infeasible: the solver found no plan meeting the placement constraints "
@@ -160,49 +237,48 @@ def solve_mode(
     base["message"] = _status_message(solution, split, config)
     if math.isfinite(solution.bound_us):
         base["bound_us"] = float(solution.bound_us)
-    choice = reduction.expand(solution.choice) if reduction is not None else solution.choice
-    return read_solution(
-        traced, table, costs, config, choice, solution.status, base, stepped=stepped
-    )
+    return solution.choice, solution.status, base
 
 
 def reserve_transient(
-    problem: Problem, plans: list[Plan], base: dict[str, Any], timed: Timer, rounds: int = 2
+    problem: Problem,
+    plan: Plan,
+    base: dict[str, Any],
+    timed: Timer,
+    rounds: int = 2,
+    *,
+    auto: bool = False,
 ) -> Plan:
-    """The cheapest of ``plans`` (:func:`best_plan`) when the budget does not count
-    activations or its peak (the memory the budget caps plus the backward's transient
-    peak) is within the budget. Otherwise the cheapest plan whose peak is within it:
-    among ``plans`` and the cheapest one's mode solved again with the budget less its
-    transient (up to ``rounds`` times: another plan has another transient). When none
-    is, the cheapest plan, its message saying by how much its peak is over."""
-    best = best_plan(plans)
+    """``plan`` when the budget does not count activations or its peak (the memory the
+    budget caps plus the backward's transient peak) is within the budget. Otherwise its
+    mode solved again with the budget less its transient, up to ``rounds`` times
+    (another plan has another transient; with ``auto`` the ILP chooses the layers' modes
+    again), until a plan's peak fits. When none does, ``plan``, its message saying by
+    how much its peak is over."""
     budget = problem.config.memory_budget_bytes
-    if budget is None or not problem.config.counts_activations or best.status == "infeasible":
-        return best
-    if _peak(best) <= budget:
-        return best
-    fitting = [p for p in plans if p.status != "infeasible" and _peak(p) <= budget]
-    retry, reserve = best, 0.0
+    if budget is None or not problem.config.counts_activations or plan.status == "infeasible":
+        return plan
+    if _peak(plan) <= budget:
+        return plan
+    retry, reserve = plan, 0.0
     for _ in range(rounds):
         reserve = max(reserve, retry.memory_breakdown["transient"])
-        retry = solve_mode(problem, best.checkpointing, base, timed, reserve=reserve)
-        if retry is None or retry.status == "infeasible":
+        again = "auto" if auto else plan.checkpointing
+        retry = solve_mode(problem, again, base, timed, reserve=reserve)
+        if retry.status == "infeasible":
             break
         if _peak(retry) <= budget:
             note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
-            fitting.append(replace(retry, message=" ".join(filter(None, (retry.message, note)))))
-            break
-    if fitting:
-        return min(fitting, key=lambda p: p.objective_us)
-    over = (_peak(best) - budget) / 2**30
+            return replace(retry, message=" ".join(filter(None, (retry.message, note))))
+    over = (_peak(plan) - budget) / 2**30
     return replace(
-        best,
+        plan,
         message=" ".join(
             filter(
                 None,
                 (
-                    best.message,
-                    f"Its peak with the backward's transient, {_peak(best) / 2**30:.4g} GiB, "
+                    plan.message,
+                    f"Its peak with the backward's transient, {_peak(plan) / 2**30:.4g} GiB, "
                     f"is {over:.4g} GiB over memory_budget_gib: no plan found leaves room for "
                     "the transient; raise the budget a little or recompute more.",
                 ),
@@ -215,53 +291,11 @@ def _peak(plan: Plan) -> float:
     return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0)
 
 
-# How far below the tied relaxation's bound an untied plan may go, as a share of it: a
-# mode whose bound is above the best plan by more than this is not solved further.
-UNTIE_MARGIN = 0.01
-
-
-def solve_modes(
-    problem: Problem, modes: Sequence[str], base: dict[str, Any], timed: Timer
-) -> list[Plan]:
-    """Each mode's plan, in order, but for the modes the relaxation shows cannot beat a
-    plan already found (by more than :data:`UNTIE_MARGIN`)."""
-    plans: list[Plan] = []
-    best = math.inf
-    for mode in modes:
-        plan = solve_mode(problem, mode, base, timed, beat=best * (1 + UNTIE_MARGIN))
-        if plan is None:
-            continue
-        plans.append(plan)
-        if plan.status != "infeasible":
-            best = min(best, plan.objective_us)
-    return plans
-
-
-def best_plan(plans: list[Plan]) -> Plan:
-    """The cheapest plan that fits (the first of equals: the least recomputation); when
-    none fits, the last mode's infeasible plan, naming every mode tried."""
-    fitting = [p for p in plans if p.status != "infeasible"]
-    if fitting:
-        return min(fitting, key=lambda p: p.objective_us)
-    last = plans[-1]
-    if len(plans) == 1:
-        return last
-    return replace(
-        last,
-        message=f"with activation_checkpointing auto, no mode fits ({', '.join(_modes(plans))}); "
-        + last.message,
-    )
-
-
 def _label(mode: str | Mapping[str, str]) -> str:
     """A mode, or a per-layer one by the modes it mixes."""
     if isinstance(mode, Mapping):
         return "+".join(sorted(set(mode.values())))
     return mode
-
-
-def _modes(plans: list[Plan]) -> list[str]:
-    return [next(iter(set(p.checkpointing.values())), "none") for p in plans]
 
 
 def _status_message(solution: Any, split: int, config: PlanConfig) -> str:
@@ -315,14 +349,16 @@ def _too_small(problem: Problem, mode: str, costs: CostTable, need: float, reser
         parts += (
             f" ({states / 2**30:.4g} GiB) + saved activations ({(need - states) / 2**30:.4g} GiB)"
         )
-        if mode != "full":
+        if mode not in ("full", "auto"):  # auto's smallest footprint recomputes in full
             levers.append("recompute more (activation_checkpointing: full)")
         levers.append("shorten the sequence or the batch")
     return (
         f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the smallest "
         f"footprint any plan has on this mesh, {need / 2**30:.6g} GiB ({need:.0f} bytes) of "
         f"{parts} per device{held}, {(need + reserve - config.memory_budget_bytes) / 2**30:.4g} "
-        f"GiB over (checkpointing: {mode}); {', '.join(levers[:-1])} or {levers[-1]}."
+        f"GiB over (checkpointing: {mode}"
+        + (", any mode per layer" if mode == "auto" else "")
+        + f"); {', '.join(levers[:-1])} or {levers[-1]}."
     )
 
 

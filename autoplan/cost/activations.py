@@ -28,7 +28,7 @@ from autoplan.graph import forward_part, is_tensor_node, source_name
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["activation_memory", "backward_peak", "saved_storage"]
+__all__ = ["activation_memory", "backward_peak", "saved_storage", "storage_root"]
 
 
 def saved_storage(traced: TracedGraph) -> list[str]:
@@ -43,7 +43,7 @@ def saved_storage(traced: TracedGraph) -> list[str]:
             continue
         read_later = any(u not in forward and u.op != "output" for u in node.users)
         if read_later or node in outputs:
-            root = _storage_root(node)
+            root = storage_root(node)
             if root.op != "placeholder":
                 kept.add(root)
     return [n.name for n in traced.gm.graph.nodes if n in kept]
@@ -93,7 +93,7 @@ def backward_peak(
     order = {n: i for i, n in enumerate(nodes)}
     last: dict[fx.Node, int] = {}
     for n in nodes:
-        root = _storage_root(n)
+        root = storage_root(n)
         if root in order:
             uses = [order[u] for u in n.users if u in order] or [order[n]]
             last[root] = max(last.get(root, order[root]), *uses)
@@ -103,7 +103,7 @@ def backward_peak(
     for i, n in enumerate(nodes):
         ns = table.nodes.get(source_name(n))
         # a multi-output op's outputs are its getitems' storage, a view its base's
-        allocates = ns is not None and _storage_root(n) is n and is_tensor_node(n)
+        allocates = ns is not None and storage_root(n) is n and is_tensor_node(n)
         own = _out_bytes(ns, choice, nbytes) if allocates else 0.0
         live += own
         frees[last.get(n, i)] = frees.get(last.get(n, i), 0.0) + own
@@ -146,7 +146,7 @@ def _moved_bytes(
     return total
 
 
-def _storage_root(node: fx.Node) -> fx.Node:
+def storage_root(node: fx.Node) -> fx.Node:
     """The node whose output allocates ``node``'s storage: through views to their base."""
     while getattr(node.target, "is_view", False):  # an aten overload that aliases its input
         base = node.args[0]

@@ -106,6 +106,10 @@ class CostTable:
     # bytes per device per strategy of the values the forward keeps for the backward
     # (autoplan.cost.activations); in ``memory`` too when the budget counts them
     activations: dict[str, np.ndarray] = field(default_factory=dict)
+    # node -> (group, width): its strategies come in blocks of ``width`` (one per
+    # activation-checkpointing mode, autoplan.layer_modes) and every node of the group
+    # takes the same block; the prices hold that, this says it to the plan heuristics
+    blocks: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def _groups(placements: list[Placements | None]) -> tuple[np.ndarray, tuple[Placements, ...]]:

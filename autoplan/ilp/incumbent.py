@@ -124,12 +124,64 @@ def from_lp(
             choice[r] = int(np.argmin(mem))
         else:
             choice[r] = int(np.argmax(v))
+    _agree(p, choice, values)
     if p.budget is not None and p.memory and memory_of(p, choice) > p.budget:
         return None
     if not np.isfinite(cost_of(p, choice)):
         return None
     _improve(p, choice, rounds)
     return choice, cost_of(p, choice)
+
+
+def _agree(p: Problem, choice: dict[str, int], values: dict[str, np.ndarray] | None = None) -> None:
+    """Move each group of classes whose strategies come in blocks (``p.blocks``) to one
+    block: of those the LP ``values`` use, the one with the smallest footprint; without
+    values, the block most of them hold. A class keeps its strategy's place in the block
+    (the cheapest allowed one there when that place is not)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for r, (group, _) in p.blocks.items():
+        if r in choice:
+            groups[group].append(r)
+    for members in groups.values():
+        _agree_group(p, choice, members, values)
+
+
+def _agree_group(
+    p: Problem, choice: dict[str, int], members: list[str], values: dict[str, np.ndarray] | None
+) -> None:
+    """:func:`_agree` for one group."""
+    width = {r: p.blocks[r][1] for r in members}
+    count = len(p.linear[members[0]]) // width[members[0]]
+
+    def at(r: str, b: int) -> int:
+        return b * width[r] + choice[r] % width[r]
+
+    def score(b: int) -> float:
+        if values is None:  # the block most members hold
+            return -sum(choice[r] // width[r] == b for r in members)
+        return sum(float(p.memory[r][at(r, b)]) for r in members if r in p.memory)
+
+    blocks = list(range(count))
+    if values is not None:
+        used = [
+            b
+            for b in blocks
+            if any(
+                values[r][b * width[r] : (b + 1) * width[r]].sum() > _USED
+                for r in members
+                if r in values
+            )
+        ]
+        blocks = used or blocks
+    best = min(blocks, key=lambda b: (score(b), b))
+    for r in members:
+        j = at(r, best)
+        if not np.isfinite(p.linear[r][j]):
+            block = p.linear[r][best * width[r] : (best + 1) * width[r]]
+            if not np.isfinite(block).any():
+                continue
+            j = best * width[r] + int(np.argmin(block))
+        choice[r] = j
 
 
 def from_plan(
@@ -142,6 +194,7 @@ def from_plan(
     class to a smaller footprint, the rest held) is made until the plan fits.
     """
     choice = dict(choice)
+    _agree(p, choice)
     if not np.isfinite(cost_of(p, choice)):
         return None
     incident = _incident(p)

@@ -69,11 +69,18 @@ def mix_layers(
         support[r] = used or [relaxed.choice[r]]
     copies = Counter(p.rep.values())
     choice = {v: support[r][0] for v, r in p.rep.items()}
-    free = {v for v, r in p.rep.items() if len(support[r]) > 1 and copies[r] > 1}
-    hulls = [
-        (members, _hull(_options(costs, members, [support[p.rep[v]] for v in members], choice, edges)))
-        for members, edges in _components(costs, free)
-    ]  # fmt: skip
+    # a class whose strategies come in blocks (layer modes) mixes with its whole group
+    free = {v for v, r in p.rep.items() if len(support[r]) > 1 and (copies[r] > 1 or r in p.blocks)}
+    group_of = {v: costs.blocks[v][0] for v in free if v in costs.blocks}
+    hulls = []
+    for members, edges in _components(costs, free, group_of):
+        blocks = [costs.blocks.get(v) for v in members]
+        supports = [support[p.rep[v]] for v in members]
+        hulls.append(
+            (members, _hull(_block_options(costs, members, supports, blocks, choice, edges)))
+        )
+    if not all(hull for _, hull in hulls):
+        return None  # a component with no possible option of the LP's strategies
     for members, hull in hulls:
         choice.update(zip(members, hull[0][2], strict=True))
     room = p.budget - footprint(costs.memory, choice)
@@ -97,8 +104,12 @@ def mix_layers(
     return (choice, cost) if np.isfinite(cost) else None
 
 
-def _components(costs: CostTable, free: set[str]) -> list[tuple[list[str], list[EdgeCost]]]:
-    """The nodes of ``free`` joined by edges between them, each with its incident edges."""
+def _components(
+    costs: CostTable, free: set[str], group_of: dict[str, str]
+) -> list[tuple[list[str], list[EdgeCost]]]:
+    """The nodes of ``free`` joined by edges between them, but for edges between two
+    groups of ``group_of``, and each group joined; each with its incident edges (one
+    layer's mode is one choice, and the layers' modes are mixed like their placements)."""
     parent = {v: v for v in free}
 
     def find(x: str) -> str:
@@ -109,10 +120,15 @@ def _components(costs: CostTable, free: set[str]) -> list[tuple[list[str], list[
 
     touching: dict[str, list[EdgeCost]] = defaultdict(list)
     for e in costs.edges:
-        if e.src in free and e.dst in free:
+        ends = (group_of.get(e.src), group_of.get(e.dst))
+        apart = None not in ends and ends[0] != ends[1]
+        if e.src in free and e.dst in free and not apart:
             parent[find(e.src)] = find(e.dst)
         for v in {e.src, e.dst} & free:
             touching[v].append(e)
+    first: dict[str, str] = {}
+    for v, group in group_of.items():
+        parent[find(v)] = find(first.setdefault(group, v))
     members: dict[str, list[str]] = defaultdict(list)
     for v in free:
         members[find(v)].append(v)
@@ -122,6 +138,33 @@ def _components(costs: CostTable, free: set[str]) -> list[tuple[list[str], list[
         edges = {id(e): e for v in group for e in touching[v]}
         out.append((group, list(edges.values())))
     out.sort(key=lambda c: c[0][0])
+    return out
+
+
+def _block_options(
+    costs: CostTable,
+    members: list[str],
+    supports: list[list[int]],
+    blocks: list[tuple[str, int] | None],
+    held: dict[str, int],
+    edges: list[EdgeCost],
+) -> list[Option]:
+    """:func:`_options`, once per block where the members' strategies come in blocks: a
+    member in blocks takes its strategies of that block only."""
+    count = max(
+        (len(costs.compute[v]) // b[1] for v, b in zip(members, blocks, strict=True) if b),
+        default=0,
+    )
+    if not count:
+        return _options(costs, members, supports, held, edges)
+    out = []
+    for k in range(count):
+        within = [
+            s if b is None else [i for i in s if i // b[1] == k]
+            for s, b in zip(supports, blocks, strict=True)
+        ]
+        if all(within):
+            out += _options(costs, members, within, held, edges)
     return out
 
 
@@ -146,7 +189,8 @@ def _options(
             i, j = pick.get(e.src, held[e.src]), pick.get(e.dst, held[e.dst])
             time += float(e.cost[e.src_group[i], e.dst_group[j]])
         mem = sum(float(costs.memory[v][i]) for v, i in pick.items() if v in costs.memory)
-        out.append((mem, time, combo))
+        if np.isfinite(time):  # an impossible move, or layer modes that disagree
+            out.append((mem, time, combo))
     return out
 
 

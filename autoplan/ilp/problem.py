@@ -33,7 +33,7 @@ Simplifications (each keeps every optimum):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,6 +81,9 @@ class Problem:
     edges: list[Edge]
     rep: dict[str, str]
     budget: float | None
+    # class -> (group, width): its strategies come in blocks that agree within the group
+    # (CostTable.blocks)
+    blocks: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def allowed(self, r: str) -> np.ndarray:
         return np.isfinite(self.linear[r])
@@ -142,7 +145,24 @@ def lower(
                 col_state=e.col_state,
             )  # fmt: skip
         )
-    return Problem(linear, memory, edges, rep, memory_budget_bytes)
+    return Problem(linear, memory, edges, rep, memory_budget_bytes, _class_blocks(costs, rep))
+
+
+def _class_blocks(costs: CostTable, rep: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+    """CostTable.blocks per class: a class takes the group of each of its nodes, and
+    groups that share a class are one."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for v, (group, _) in costs.blocks.items():
+        parent[find("class:" + rep[v])] = find("group:" + group)
+    return {rep[v]: (find("class:" + rep[v]), width) for v, (_, width) in costs.blocks.items()}
 
 
 def _used(group: np.ndarray, ok: np.ndarray, size: int) -> np.ndarray:

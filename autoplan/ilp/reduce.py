@@ -30,13 +30,30 @@ import numpy as np
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
 from autoplan.strategies.table import StrategyTable
 
+FOLLOWED = -1
+FOLDED = -2
+
 
 @dataclass(frozen=True)
 class Reduction:
-    """The reduced costs, and for each merged node its root and strategy map."""
+    """The reduced costs, for each merged node its root and strategy map, and for each
+    edge of the input costs where it went: its index among the reduced edges, or
+    :data:`FOLLOWED` (the edge a follower was merged through, free at every strategy) or
+    :data:`FOLDED` (both ends in one root: added to the root's compute)."""
 
     costs: CostTable
     roots: dict[str, tuple[str, np.ndarray]]
+    fates: tuple[int, ...] = ()
+
+    @classmethod
+    def unreduced(cls, costs: CostTable) -> Reduction:
+        """No node merged: ``costs`` itself."""
+        return cls(costs, {}, tuple(range(len(costs.edges))))
+
+    def root_of(self, v: str) -> tuple[str, np.ndarray | None]:
+        """v's root and the map from the root's strategies to v's (None: v is a root)."""
+        found = self.roots.get(v)
+        return (v, None) if found is None else found
 
     @property
     def num_merged(self) -> int:
@@ -156,8 +173,10 @@ def collapse_followers(
         followed[v] = e
 
     kept_edges = []
+    fates = []
     for e in costs.edges:
         if followed.get(e.dst) is e:
+            fates.append(FOLLOWED)
             continue  # the edge a follower was merged through
         src, dst = e.src, e.dst
         src_group, dst_group = e.src_group, e.dst_group
@@ -167,24 +186,31 @@ def collapse_followers(
         if dst in roots:
             dst, m = roots[dst]
             dst_group = e.dst_group[m]
+        fates.append(len(kept_edges))
         kept_edges.append(replace(e, src=src, dst=dst, src_group=src_group, dst_group=dst_group))
-    edges = tuple(_merge_self_edges(kept_edges, compute))
+    edges, index = _merge_self_edges(kept_edges, compute)
     reduced = CostTable(
         compute={v: c for v, c in compute.items() if v not in roots},
         edges=edges,
         memory=memory,
         activations=costs.activations,
     )
-    return Reduction(reduced, roots)
+    return Reduction(reduced, roots, tuple(f if f < 0 else index[f] for f in fates))
 
 
-def _merge_self_edges(edges: list[EdgeCost], compute: dict[str, np.ndarray]) -> list[EdgeCost]:
-    """An edge whose both ends collapsed into one root is a per-strategy cost of that root."""
-    out = []
+def _merge_self_edges(
+    edges: list[EdgeCost], compute: dict[str, np.ndarray]
+) -> tuple[tuple[EdgeCost, ...], list[int]]:
+    """An edge whose both ends collapsed into one root is a per-strategy cost of that root:
+    the other edges, and where each input edge went (its index, or :data:`FOLDED`)."""
+    out: list[EdgeCost] = []
+    index = []
     for e in edges:
         if e.src != e.dst:
+            index.append(len(out))
             out.append(e)
             continue
+        index.append(FOLDED)
         extra = e.cost[e.src_group, e.dst_group]
         compute[e.src] = compute[e.src] + np.where(np.isfinite(extra), extra, np.inf)
-    return out
+    return tuple(out), index

@@ -57,7 +57,7 @@ class Solution:
     stopped at its own budget, not at the user's limit (:mod:`autoplan.ilp.untie`).
     """
 
-    status: str  # "optimal" | "time_limit" | "infeasible" | "beaten" (solve_untying's beat)
+    status: str  # "optimal" | "time_limit" | "infeasible"
     objective_us: float
     choice: dict[str, int]
     solve_seconds: float

@@ -180,7 +180,6 @@ def solve_untying(
     mip_gap: float = 0.0,
     fixing: bool = True,
     untie: bool = True,
-    beat: float = math.inf,
 ) -> tuple[Solution, int]:
     """Solve the tied ``model``, untying first when :func:`worth_untying` (``untie``):
     the plan and the number of tied classes whose copies ended up on different strategies.
@@ -191,17 +190,13 @@ def solve_untying(
     returned (see the module docstring for what is known about untied ones). That MIP
     gets ``_PROOF_MIN_S`` or the relaxation's seconds, whichever is longer (less when
     ``time_limit_s`` leaves less); cut there, the untied plan comes back with status
-    ``time_limit`` and its ``proof_budget_s`` set. When the relaxation's bound is above
-    ``beat`` (the cost of a plan known from elsewhere, with the margin the caller
-    allows), nothing more is solved: status ``beaten``, no plan.
+    ``time_limit`` and its ``proof_budget_s`` set.
     """
     if not fixing:
         return solve(
             model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, fixing=False
         ), 0
     relaxed = relax(model, solver=solver, time_limit_s=time_limit_s)
-    if relaxed.bound > beat:  # no plan of this model is worth looking for
-        return Solution("beaten", math.nan, {}, relaxed.seconds, solver, relaxed.bound), 0
     untied = None
     left = time_limit_s
     budget = None  # the proof's own limit, when it is below the user's
