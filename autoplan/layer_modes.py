@@ -19,7 +19,8 @@ its members' compute that k recomputes, and the second run of the moves into the
 (an edge a follower was merged through is free at every strategy, one folded into its
 root is added there), and an edge into a recomputed member costs twice under k. The
 modes of one layer agree through the edges between its roots whose destination some
-mode recomputes, taken as block diagonal, and a zero-cost link between their
+mode recomputes, taken as block diagonal (a route-priced one stays a flow, over a
+network with a copy of its states per mode), and a zero-cost link between their
 components where those do not join them. A root keeps, under k, what k keeps of its
 members at that mode; a value another layer reads stays counted in every mode (the
 other layer's copies may read it), a value outside every layer in all modes where any
@@ -39,6 +40,7 @@ from torch import fx
 from autoplan.config import CHECKPOINT_MODES
 from autoplan.cost.activations import activation_memory, storage_root
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.cost.routes import Network
 from autoplan.graph import forward_part, layer_of
 from autoplan.ilp.reduce import FOLDED, FOLLOWED, Reduction
 from autoplan.recompute import recompute_set, with_recompute
@@ -229,6 +231,7 @@ def _edges(
 
     out: list[EdgeCost] = []
     joined: list[tuple[str, str]] = []
+    networks: dict[tuple[int, tuple[bool, ...]], Network] = {}
     for q, e in enumerate(edges):
         dst = original_dst.get(q)
         twice = tuple(dst in r for r in again)
@@ -253,18 +256,67 @@ def _edges(
                 changes["dst_group"] = tiled(e.dst_group)
         if diagonal:
             joined.append((e.src, e.dst))
+        if recomputed and e.net is not None:
+            changes |= _moded_route(e, twice, diagonal, networks)
         out.append(replace(e, **changes))  # type: ignore[arg-type]
     return tuple(out), joined
 
 
 def _grouped(e: EdgeCost, end: str, group: np.ndarray, count: int) -> dict[str, object]:
-    """One end's groups repeated per mode, with their placements; the edge is priced by
-    its matrix, no longer by its route network (whose distances know no modes)."""
+    """One end's groups repeated per mode, with their placements."""
     placements = getattr(e, f"{end}_placements")
     changes: dict[str, object] = {f"{end}_group": group}
     if placements:
         changes[f"{end}_placements"] = tuple(placements) * count
-    return changes | {"net": None, "row_state": None, "col_state": None}
+    return changes
+
+
+def _moded_route(
+    e: EdgeCost,
+    twice: tuple[bool, ...],
+    diagonal: bool,
+    memo: dict[tuple[int, tuple[bool, ...]], Network],
+) -> dict[str, object]:
+    """A route-priced edge into a recomputed node, still a flow (a few moves, not every
+    pair): over a network of its states once per mode, each copy's prices doubled where
+    that mode recomputes the node, and entry states that step free into any copy. Rows
+    start in their mode's copy on a block diagonal edge, else at the entry states;
+    columns end in their mode's copy."""
+    assert e.net is not None and e.row_state is not None and e.col_state is not None
+    key = (id(e.net), twice)
+    if key not in memo:
+        memo[key] = _moded_network(e.net, twice)
+    size = e.net.size
+    cols = np.concatenate([e.col_state + (k + 1) * size for k in range(len(twice))])
+    rows = e.row_state
+    if diagonal:
+        rows = np.concatenate([e.row_state + (k + 1) * size for k in range(len(twice))])
+    return {"net": memo[key], "row_state": rows, "col_state": cols}
+
+
+def _moded_network(net: Network, twice: tuple[bool, ...]) -> Network:
+    """:func:`_moded_route`'s network: states ``[0, n)`` the entry, ``[(k+1)n, (k+2)n)``
+    mode k's copy."""
+    n, count = net.size, len(twice)
+    dist = np.full(((count + 1) * n, (count + 1) * n), np.inf)
+    np.fill_diagonal(dist[:n, :n], 0.0)
+    src, dst, price = [], [], []
+    own = np.arange(n)
+    for k, t in enumerate(twice):
+        at = (k + 1) * n
+        scaled = net.dist * 2 if t else net.dist
+        dist[at : at + n, at : at + n] = scaled
+        dist[:n, at : at + n] = scaled
+        src += [own, net.arc_src + at]
+        dst += [own + at, net.arc_dst + at]
+        price += [np.zeros(n), net.arc_cost * 2 if t else net.arc_cost]
+    return Network(
+        net.states * (count + 1),
+        dist,
+        np.concatenate(src),
+        np.concatenate(dst),
+        np.concatenate(price),
+    )
 
 
 def _links(

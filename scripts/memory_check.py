@@ -4,8 +4,10 @@ Run: ``python scripts/memory_check.py`` (``--json``: one JSON line per plan; ``-
 also rewrite its section of benchmarks/RESULTS.md)
 
 A tiny LLaMA is planned on a 2x2 (dp, tp) mesh of 4 gloo processes, inside the job,
-under five settings (no budget; a parameters-only budget that makes it shard; a budget
-that counts the saved activations too; selective and full activation checkpointing), parallelized, and stepped once (forward, a loss
+under six settings (no budget; a parameters-only budget that makes it shard; a budget
+that counts the saved activations too; selective and full activation checkpointing;
+``auto`` on the 4 processes as one data-parallel axis, under a budget that makes it
+recompute one layer in full and keep the other), parallelized, and stepped once (forward, a loss
 on the local output, backward, AdamW) under PyTorch's ``MemTracker``, after one warm-up
 step (the first call lowers the plan and AdamW allocates its state). The table gives,
 per setting, the plan's ``memory_breakdown`` and the tracker's peak by category on
@@ -37,18 +39,26 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.strategies.dtensor import MemTracker
 
 WORLD, BATCH, SEQ = 4, 8, 32
-SETTINGS = {  # name: (memory_budget_gib, activation_memory, activation_checkpointing)
-    "no budget": (None, False, "none"),
-    "params budget": (0.0006, False, "none"),
-    "activations budget": (0.003, True, "none"),
-    "selective": (None, False, "selective"),
-    "full": (None, False, "full"),
+# name: (memory_budget_gib, activation_memory, activation_checkpointing, mesh shape)
+SETTINGS = {
+    "no budget": (None, False, "none", (2, 2)),
+    "params budget": (0.0006, False, "none", (2, 2)),
+    "activations budget": (0.003, True, "none", (2, 2)),
+    "selective": (None, False, "selective", (2, 2)),
+    "full": (None, False, "full", (2, 2)),
+    "auto, layers mixed": (0.0025, True, "auto", (4,)),
 }
 
 
-def measure(rank: int, budget: float | None, activations: bool, checkpointing: str) -> dict:
+def measure(
+    rank: int,
+    budget: float | None,
+    activations: bool,
+    checkpointing: str,
+    shape: tuple[int, ...],
+) -> dict:
     """One setting on this rank: the plan's breakdown and the tracker's peak, in bytes."""
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
     with torch.device("meta"):
         meta = Transformer(tiny(2))
     config = autoplan.PlanConfig(
@@ -57,7 +67,8 @@ def measure(rank: int, budget: float | None, activations: bool, checkpointing: s
         activation_checkpointing=checkpointing,
     )
     plan = autoplan.plan(
-        meta, lambda: torch.randint(0, 128, (BATCH, SEQ)), mesh, input_placements="S(0)R",
+        meta, lambda: torch.randint(0, 128, (BATCH, SEQ)), mesh,
+        input_placements="S(0)" + "R" * (len(shape) - 1),
         config=config, broadcast_from=0,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -80,6 +91,7 @@ def measure(rank: int, budget: float | None, activations: bool, checkpointing: s
         step()
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     return {
+        "checkpointing": [plan.checkpointing[layer] for layer in sorted(plan.checkpointing)],
         "plan": {k: float(v) for k, v in plan.memory_breakdown.items()},
         "measured": {
             str(k.value) if hasattr(k, "value") else str(k): int(v) for k, v in peak.items()
@@ -121,6 +133,7 @@ def rows(results: dict) -> list[dict]:
         out.append(
             {
                 "setting": name,
+                "checkpointing": r["checkpointing"],
                 "parameters": (plan["parameters"], seen["Parameter"]),
                 "optimizer": (plan["optimizer"], seen["Optstate"]),
                 "activations": (plan["activations"], seen["Activation"]),
@@ -149,14 +162,17 @@ def main() -> None:
         return
     cats = ["parameters", "optimizer", "activations", "gradients+transient", "peak"]
     lines = [
-        "| setting | "
+        "| setting | layers | "
         + " | ".join(f"{c} KiB (plan / measured)" for c in cats)
         + " | plan / measured |",
-        "|---" * (len(cats) + 2) + "|",
+        "|---" * (len(cats) + 3) + "|",
     ]
     for row in table:
         cells = [f"{row[c][0] / 1024:.0f} / {row[c][1] / 1024:.0f}" for c in cats]
-        lines.append(f"| {row['setting']} | " + " | ".join(cells) + f" | {row['ratio']:.3f} |")
+        layers = ", ".join(row["checkpointing"])
+        lines.append(
+            f"| {row['setting']} | {layers} | " + " | ".join(cells) + f" | {row['ratio']:.3f} |"
+        )
     print("\n".join(lines))
     if args.write:
         write_section(

@@ -23,7 +23,7 @@ from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
 
 
-def _tiny(layers: int, shape: tuple[int, ...]):
+def _tiny(layers: int, shape: tuple[int, ...], *, routes: bool = False):
     mesh = autoplan.fake_mesh(shape, ("dp", "tp")[: len(shape)])
     with torch.device("meta"):
         model = Transformer(tiny(layers))
@@ -31,7 +31,7 @@ def _tiny(layers: int, shape: tuple[int, ...]):
         trace_joint(model, lambda: torch.randint(0, 128, (8, 32))), mm_mode="einsum"
     )
     table = enumerate_strategies(traced, mesh)
-    costs = price(table, traced, autoplan.Topology())
+    costs = price(table, traced, autoplan.Topology(), routes=routes)
     allowed = planner._constrain(
         table, traced.inputs, ["S(0)" + "R" * (len(shape) - 1)], "input_placements"
     )
@@ -118,3 +118,18 @@ def test_auto_mixes_modes_across_layers_when_that_is_cheaper():
             assert auto.objective_us < uniform.objective_us, mode
     full = [n for n in auto.recompute if auto.node_placements[n]["op"] == "aten.einsum.default"]
     assert full  # a full layer's matmuls run again
+
+
+def test_a_route_priced_edge_stays_a_flow_whose_routes_cost_its_prices():
+    """An edge into a recomputed node keeps its route network, one copy per mode: the
+    network's distances between the edge's states are its mode-expanded prices, so the
+    ILP's flow prices it as the pairs would."""
+    traced, table, costs, allowed = _tiny(2, (2, 2), routes=True)
+    reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
+    space = layer_modes(traced, table, costs, reduction)
+    moded = [e for e in space.costs.edges if e.net is not None and e.net.size > len(e.col_state)]
+    assert moded
+    for e in space.costs.edges:
+        if e.net is not None:
+            assert e.row_state is not None and e.col_state is not None
+            np.testing.assert_allclose(e.net.dist[np.ix_(e.row_state, e.col_state)], e.cost)
