@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from torch import fx
 
+from autoplan.components import components
 from autoplan.config import CHECKPOINT_MODES
 from autoplan.cost.activations import activation_memory, storage_root
 from autoplan.cost.price import CostTable, EdgeCost
@@ -324,22 +325,12 @@ def _links(
 ) -> tuple[EdgeCost, ...]:
     """Zero-cost edges that take one layer's roots to one mode where no priced edge joins
     them: from the layer's first component to each other one."""
-    parent = {r: r for r in layers}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in joined:
-        parent[find(a)] = find(b)
+    component = components(layers, joined)
     heads: dict[str, list[str]] = defaultdict(list)
     seen: dict[str, set[str]] = defaultdict(set)
     for r in layers:  # reduced-table order: a layer's first root leads
-        component = find(r)
-        if component not in seen[layers[r]]:
-            seen[layers[r]].add(component)
+        if component[r] not in seen[layers[r]]:
+            seen[layers[r]].add(component[r])
             heads[layers[r]].append(r)
     same = np.where(np.eye(count, dtype=bool), 0.0, np.inf)
     out = []

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoplan.components import components
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import footprint, priced
@@ -110,28 +111,20 @@ def _components(
     """The nodes of ``free`` joined by edges between them, but for edges between two
     groups of ``group_of``, and each group joined; each with its incident edges (one
     layer's mode is one choice, and the layers' modes are mixed like their placements)."""
-    parent = {v: v for v in free}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     touching: dict[str, list[EdgeCost]] = defaultdict(list)
+    pairs: list[tuple[str, str]] = []
     for e in costs.edges:
         ends = (group_of.get(e.src), group_of.get(e.dst))
         apart = None not in ends and ends[0] != ends[1]
         if e.src in free and e.dst in free and not apart:
-            parent[find(e.src)] = find(e.dst)
+            pairs.append((e.src, e.dst))
         for v in {e.src, e.dst} & free:
             touching[v].append(e)
     first: dict[str, str] = {}
-    for v, group in group_of.items():
-        parent[find(v)] = find(first.setdefault(group, v))
+    pairs += [(v, first.setdefault(group, v)) for v, group in group_of.items()]
     members: dict[str, list[str]] = defaultdict(list)
-    for v in free:
-        members[find(v)].append(v)
+    for v, head in components(sorted(free), pairs).items():
+        members[head].append(v)
     out = []
     for group in members.values():
         group.sort()

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoplan.components import components
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
 from autoplan.ilp.cluster import edge_key
@@ -151,18 +152,10 @@ def lower(
 def _class_blocks(costs: CostTable, rep: Mapping[str, str]) -> dict[str, tuple[str, int]]:
     """CostTable.blocks per class: a class takes the group of each of its nodes, and
     groups that share a class are one."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for v, (group, _) in costs.blocks.items():
-        parent[find("class:" + rep[v])] = find("group:" + group)
-    return {rep[v]: (find("class:" + rep[v]), width) for v, (_, width) in costs.blocks.items()}
+    joined = components(
+        [], (("class:" + rep[v], "group:" + group) for v, (group, _) in costs.blocks.items())
+    )
+    return {rep[v]: (joined["class:" + rep[v]], width) for v, (_, width) in costs.blocks.items()}
 
 
 def _used(group: np.ndarray, ok: np.ndarray, size: int) -> np.ndarray:
