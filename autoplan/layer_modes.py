@@ -210,7 +210,7 @@ def _edges(
         return memo[key]
 
     def stacked(g: np.ndarray, width: int) -> np.ndarray:
-        key = (id(g), 1)
+        key = (id(g), 1, width)
         if key not in memo:
             memo[key] = np.concatenate([g + k * width for k in range(count)])
         return memo[key]

@@ -241,18 +241,15 @@ def _plan_traced(
     )
     done()
     base = _plan_fields(traced, table, config, timings)
-    auto = config.activation_checkpointing == "auto" and config.memory_budget_gib is not None
     mode = config.activation_checkpointing
-    if mode == "auto" and not auto:  # without a budget, recomputing only adds time
+    if mode == "auto" and config.memory_budget_gib is None:  # recomputing only adds time
         mode = "none"
     problem = Problem(traced, table, costs, config, allowed, set(pinned))
 
     def timed(phase: str) -> Callable[[], None]:
         return _timed(timings, phase, progress)
 
-    return reserve_transient(
-        problem, solve_mode(problem, mode, base, timed), base, timed, auto=auto
-    )
+    return reserve_transient(problem, solve_mode(problem, mode, base, timed), mode, base, timed)
 
 
 def _plan_fields(

@@ -14,6 +14,7 @@ strategy table and price table; the planner only sequences the stages.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +30,7 @@ from autoplan.ilp.cluster import cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
-from autoplan.layer_modes import layer_modes, mode_boundary
+from autoplan.layer_modes import ModeChoice, layer_modes, mode_boundary
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
 from autoplan.recompute import checkpointed, layer_names, recompute_set
@@ -52,6 +53,18 @@ class Problem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
+
+    @functools.cached_property
+    def mode_space(self) -> tuple[Reduction, ModeChoice]:
+        """``auto``'s follower reduction and its table with each layer's modes
+        (:mod:`autoplan.layer_modes`), made once for its solve and the transient's."""
+        keep = set(self.allowed) | mode_boundary(self.traced)
+        reduction = (
+            collapse_followers(self.table, self.costs, keep=keep)
+            if self.config.collapse_followers
+            else Reduction.unreduced(self.costs)
+        )
+        return reduction, layer_modes(self.traced, self.table, self.costs, reduction)
 
 
 def solve_mode(
@@ -98,16 +111,8 @@ def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve
     """:func:`solve_mode` with the mode of each layer in the ILP, the plan read out of its
     exact recomputation."""
     traced, table, config = problem.traced, problem.table, problem.config
-    done = timed("ilp_build")
-    keep = set(problem.allowed) | mode_boundary(traced)
-    reduction = (
-        collapse_followers(table, problem.costs, keep=keep)
-        if config.collapse_followers
-        else Reduction.unreduced(problem.costs)
-    )
-    done()
     done = timed("recompute")
-    space = layer_modes(traced, table, problem.costs, reduction)
+    reduction, space = problem.mode_space
     done()
     found = _solve_reduced(
         problem,
@@ -241,13 +246,7 @@ def _solve_reduced(
 
 
 def reserve_transient(
-    problem: Problem,
-    plan: Plan,
-    base: dict[str, Any],
-    timed: Timer,
-    rounds: int = 2,
-    *,
-    auto: bool = False,
+    problem: Problem, plan: Plan, mode: str, base: dict[str, Any], timed: Timer, rounds: int = 2
 ) -> Plan:
     """``plan`` when the budget does not count activations or its peak (the memory the
     budget caps plus the backward's transient peak) is within the budget. Otherwise its
@@ -263,8 +262,7 @@ def reserve_transient(
     retry, reserve = plan, 0.0
     for _ in range(rounds):
         reserve = max(reserve, retry.memory_breakdown["transient"])
-        again = "auto" if auto else plan.checkpointing
-        retry = solve_mode(problem, again, base, timed, reserve=reserve)
+        retry = solve_mode(problem, mode, base, timed, reserve=reserve)
         if retry.status == "infeasible":
             break
         if _peak(retry) <= budget:
