@@ -97,7 +97,7 @@ def solve_mode(
     )
     done()
     found = _solve_reduced(
-        problem, reduction, problem.allowed, costs, base, timed, _label(mode), reserve
+        problem, _Reduced(reduction, problem.allowed, costs, _label(mode)), base, timed, reserve
     )
     if not isinstance(found, tuple):
         return found
@@ -114,16 +114,17 @@ def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve
     done = timed("recompute")
     reduction, space = problem.mode_space
     done()
-    found = _solve_reduced(
-        problem,
+    reduced = _Reduced(
         replace(reduction, costs=space.costs),
         space.allowed(problem.allowed),
         problem.costs,  # the plain ILP's size is counted without the modes
-        _with_modes(base, traced, (), "auto"),
-        timed,
         "auto",
-        reserve,
+        # a root per layer boundary chains the layers: each tying round reaches a layer
+        # further from the ends, and one keeps the end layers apart as three do on the
+        # reduction without modes
+        tie_rounds=1,
     )
+    found = _solve_reduced(problem, reduced, _with_modes(base, traced, (), "auto"), timed, reserve)
     if not isinstance(found, tuple):
         return found
     choice, status, base = found
@@ -162,21 +163,28 @@ def _with_modes(
     }
 
 
+@dataclass(frozen=True)
+class _Reduced:
+    """One solve's reduced table (``reduction.costs``) and what differs between modes:
+    the strategy masks over it, the unreduced table the plain ILP's size is counted on,
+    the mode's name for messages and the rounds of layer tying
+    (:func:`~autoplan.ilp.cluster.cluster`)."""
+
+    reduction: Reduction
+    allowed: dict[str, np.ndarray]
+    plain: CostTable
+    label: str
+    tie_rounds: int = 3
+
+
 def _solve_reduced(
-    problem: Problem,
-    reduction: Reduction,
-    allowed: dict[str, np.ndarray],
-    costs: CostTable,
-    base: dict[str, Any],
-    timed: Timer,
-    label: str,
-    reserve: float,
+    problem: Problem, reduced: _Reduced, base: dict[str, Any], timed: Timer, reserve: float
 ) -> tuple[dict[str, int], str, dict[str, Any]] | Plan:
-    """Tie, build and solve the reduced ILP of ``reduction``: its choice per reduced node,
-    the status and ``base`` with the ILP's sizes and message; or an infeasible plan.
-    ``costs`` is the unreduced table the plain ILP's size is counted on."""
+    """Tie, build and solve the ILP of ``reduced``: its choice per reduced node, the
+    status and ``base`` with the ILP's sizes and message; or an infeasible plan."""
     config = problem.config
     budget = config.memory_budget_bytes
+    reduction, allowed, label = reduced.reduction, reduced.allowed, reduced.label
     ilp_costs = reduction.costs
     if budget is not None:
         budget -= reserve
@@ -184,9 +192,9 @@ def _solve_reduced(
         if need > budget:
             return _infeasible(_too_small(problem, label, ilp_costs, need, reserve), base)
     done = timed("ilp_build")
-    clustering = cluster(ilp_costs) if config.cluster_layers else None
+    clustering = cluster(ilp_costs, rounds=reduced.tie_rounds) if config.cluster_layers else None
     tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
-    plain_vars, plain_cons = plain_size(costs, budget is not None)
+    plain_vars, plain_cons = plain_size(reduced.plain, budget is not None)
     base["ilp_size"] = {
         "variables": 0,
         "constraints": 0,

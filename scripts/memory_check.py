@@ -6,8 +6,8 @@ also rewrite its section of benchmarks/RESULTS.md)
 A tiny LLaMA is planned on a 2x2 (dp, tp) mesh of 4 gloo processes, inside the job,
 under six settings (no budget; a parameters-only budget that makes it shard; a budget
 that counts the saved activations too; selective and full activation checkpointing;
-``auto`` on the 4 processes as one data-parallel axis, under a budget that makes it
-recompute one layer in full and keep the other), parallelized, and stepped once (forward, a loss
+``auto`` with 4 layers on the 4 processes as one data-parallel axis, under a budget that
+makes it recompute some layers in full and keep the others), parallelized, and stepped once (forward, a loss
 on the local output, backward, AdamW) under PyTorch's ``MemTracker``, after one warm-up
 step (the first call lowers the plan and AdamW allocates its state). The table gives,
 per setting, the plan's ``memory_breakdown`` and the tracker's peak by category on
@@ -39,14 +39,14 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.strategies.dtensor import MemTracker
 
 WORLD, BATCH, SEQ = 4, 8, 32
-# name: (memory_budget_gib, activation_memory, activation_checkpointing, mesh shape)
+# name: (memory_budget_gib, activation_memory, activation_checkpointing, mesh shape, layers)
 SETTINGS = {
-    "no budget": (None, False, "none", (2, 2)),
-    "params budget": (0.0006, False, "none", (2, 2)),
-    "activations budget": (0.003, True, "none", (2, 2)),
-    "selective": (None, False, "selective", (2, 2)),
-    "full": (None, False, "full", (2, 2)),
-    "auto, layers mixed": (0.0025, True, "auto", (4,)),
+    "no budget": (None, False, "none", (2, 2), 2),
+    "params budget": (0.0006, False, "none", (2, 2), 2),
+    "activations budget": (0.003, True, "none", (2, 2), 2),
+    "selective": (None, False, "selective", (2, 2), 2),
+    "full": (None, False, "full", (2, 2), 2),
+    "auto, layers mixed": (0.004, True, "auto", (4,), 4),
 }
 
 
@@ -56,11 +56,12 @@ def measure(
     activations: bool,
     checkpointing: str,
     shape: tuple[int, ...],
+    layers: int,
 ) -> dict:
     """One setting on this rank: the plan's breakdown and the tracker's peak, in bytes."""
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
     with torch.device("meta"):
-        meta = Transformer(tiny(2))
+        meta = Transformer(tiny(layers))
     config = autoplan.PlanConfig(
         memory_budget_gib=budget,
         activation_memory=activations,
@@ -72,7 +73,7 @@ def measure(
         config=config, broadcast_from=0,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = Transformer(tiny(2))
+    model = Transformer(tiny(layers))
     model.init_weights(seed=0)
     pm = parallelize(model, plan, mesh)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
@@ -180,7 +181,7 @@ def main() -> None:
             "memory_check",
             "## Memory per device: the plan's estimate against MemTracker\n\n"
             "`python scripts/memory_check.py --write`: tiny LLaMA (2 layers, batch 8, seq 32) "
-            "on 2x2 (dp, tp), 4 gloo processes, rank 0; one training step after a warm-up "
+            "on 2x2 (dp, tp), 4 gloo processes, rank 0 (auto: 4 layers on 4 dp ranks); one training step after a warm-up "
             "one, under `torch.distributed._tools.mem_tracker.MemTracker`. The tracker files "
             "the gradients the backward still holds as temporaries, so gradients + transient "
             "are compared together.\n\n" + "\n".join(lines),

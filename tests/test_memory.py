@@ -119,7 +119,7 @@ def test_the_estimate_is_within_ten_percent_of_the_measured_peak():
         "full",
         "auto, layers mixed",
     ]
-    assert rows[-1]["checkpointing"] == ["none", "full"]  # auto recomputes one of two layers
+    assert set(rows[-1]["checkpointing"]) == {"none", "full"}  # auto recomputes some layers
     for r in rows:
         for cat in ("parameters", "optimizer"):
             plan, seen = r[cat]

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.dual_layout import End, Visit, flat, starts
+from autoplan.ilp.dual_layout import End, Visit, diagonal_blocks, flat, starts
 from autoplan.ilp.matrix import MEMORY_UNIT
 from autoplan.ilp.memory_price import best_lam, budget_can_bind
 from autoplan.ilp.problem import Problem
@@ -90,6 +90,14 @@ class Dual:
     margin: list[tuple[np.ndarray, np.ndarray]]
 
 
+def _block_count(p: Problem, src: str, dst: str) -> int:
+    """How many diagonal blocks an edge between classes src and dst may split into: the
+    mode blocks both share (:attr:`Problem.blocks`), else 1."""
+    if src not in p.blocks or dst not in p.blocks:
+        return 1
+    return min(len(p.linear[src]) // p.blocks[src][1], len(p.linear[dst]) // p.blocks[dst][1])
+
+
 class _Ascent:
     """The dual's state: class potentials θ, compact edge potentials φ and the messages."""
 
@@ -110,7 +118,8 @@ class _Ascent:
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
-            compact.append(e.cost[np.ix_(s.present, d.present)].astype(np.float64))
+            mat = e.cost[np.ix_(s.present, d.present)].astype(np.float64)
+            compact.append(diagonal_blocks(mat, _block_count(p, e.src, e.dst)))
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
@@ -118,7 +127,7 @@ class _Ascent:
         self._phi_starts = starts(phis)
         for e, phi, (s, d) in zip(p.edges, phis, self.pairs, strict=True):
             s.attach(phi, e.cost.shape[0], pos[e.dst])
-            d.attach(phi.T, e.cost.shape[1], pos[e.src])
+            d.attach(phi.transpose(0, 2, 1), e.cost.shape[1], pos[e.src])
         self.visits = {
             (r, forward): Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()
@@ -153,7 +162,7 @@ class _Ascent:
             return
         gave = []
         for end in ends:
-            c = np.minimum.reduce(end.mat, axis=1)
+            c = end.row_minima()
             if end.guard:
                 c = np.where(np.isfinite(c), c, 0.0)
             gave.append(c)
@@ -169,8 +178,7 @@ class _Ascent:
             for k, lo, hi in plan.ahead:
                 gave[k] = gave[k] - nu[lo:hi]
         for end, c in zip(ends, gave, strict=True):
-            end.mat -= c[:, None]
-            end.msg += c
+            end.take(c)
 
     def converge(self, rise: float = _LOOSE) -> int:
         """Sweep until a sweep raises the bound by less than ``rise`` of it; returns the

@@ -16,8 +16,10 @@ import numpy as np
 
 class End:
     """One end of an edge at a class, with the edge's potentials kept compact: only the
-    groups an allowed strategy maps to, ``mat`` indexed (this end's group, the other's)
-    (the transpose, a view, at the destination end) and this end's message ``msg``."""
+    groups an allowed strategy maps to, ``mat`` indexed (diagonal block, this end's group
+    in it, the other's) (the transpose, a view, at the destination end) and this end's
+    message ``msg``. An edge whose finite prices lie in diagonal blocks keeps those only
+    (:func:`diagonal_blocks`); any other edge is one block."""
 
     def __init__(self, k: int, axis: int, group: np.ndarray, ok: np.ndarray) -> None:
         self.k, self.axis, self.group = k, axis, group
@@ -30,15 +32,24 @@ class End:
         local[self.present] = np.arange(len(self.present))
         self.local = local[self.safe]  # compact group of each strategy (0 if none)
         self.size = 0
-        self.mat = np.zeros((0, 0))
+        self.mat = np.zeros((1, 0, 0))
         self.msg = np.zeros(0)
         self.guard = False  # some row of mat has no finite price
         self.other = 0  # the position of the class at the other end
 
     def attach(self, mat: np.ndarray, size: int, other: int) -> None:
         self.mat, self.size, self.other = mat, size, other
-        self.msg = np.zeros(mat.shape[0])
-        self.guard = bool((~np.isfinite(mat)).all(axis=1).any())
+        self.msg = np.zeros(mat.shape[0] * mat.shape[1])
+        self.guard = bool((~np.isfinite(mat)).all(axis=2).any())
+
+    def row_minima(self) -> np.ndarray:
+        """The least potential of each of this end's compact groups (inf where none)."""
+        return np.minimum.reduce(self.mat, axis=2).reshape(-1)
+
+    def take(self, c: np.ndarray) -> None:
+        """Move ``c`` (per compact group) from the edge's potentials to this end's message."""
+        self.mat -= c.reshape(self.mat.shape[0], self.mat.shape[1], 1)
+        self.msg += c
 
     def full_message(self) -> np.ndarray:
         out = np.zeros(self.size)
@@ -55,7 +66,7 @@ class Visit:
 
     def __init__(self, ends: list[End], is_ahead: list[bool]) -> None:
         self.ends = ends
-        sizes = np.cumsum([0] + [end.mat.shape[0] for end in ends])
+        sizes = np.cumsum([0] + [len(end.msg) for end in ends])
         locals_ = [end.local + sizes[k] for k, end in enumerate(ends)]
         self.local = locals_[0] if len(ends) == 1 else np.stack(locals_ or [np.zeros(0, int)])
         n_ahead = sum(is_ahead)
@@ -73,6 +84,20 @@ class Visit:
         if orders:
             self.order, self.starts = np.concatenate(orders), np.concatenate(starts)
             self.back = backs[0] if len(backs) == 1 else np.stack(backs)
+
+
+def diagonal_blocks(mat: np.ndarray, count: int) -> np.ndarray:
+    """``mat`` as ``count`` diagonal blocks, shaped (block, row, column), when it splits
+    into that many equal ones with no finite price outside them; else ``mat[None]``."""
+    rows, cols = mat.shape
+    if count < 2 or rows % count or cols % count:
+        return mat[None]
+    n, m = rows // count, cols // count
+    blocks = mat.reshape(count, n, count, m).transpose(0, 2, 1, 3)
+    outside = ~np.eye(count, dtype=bool)
+    if np.isfinite(blocks[outside]).any():
+        return mat[None]
+    return np.ascontiguousarray(blocks[np.arange(count), np.arange(count)])
 
 
 def flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
