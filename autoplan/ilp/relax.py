@@ -137,12 +137,16 @@ def relax(
     # row's dual is the multiplier at which the sweeps then settle the bound. When the
     # two do not meet, the columns were too few: the share grows.
     x0 = _start_vector(model, found[0])
+    x, keep = x0.copy(), x0 > 0  # the decoded plan alone is a feasible LP solution
     near = _NEAR_SHARE * (found[1] - dual.bound)
     for _ in range(_NEAR_ROUNDS):
+        left = _left(time_limit_s, began)
+        if left is not None and left <= 0.0:
+            break  # out of time: the decoded plan and the bound so far stand
         keep = (dj <= max(near, _USED_SHARE * abs(dual.bound))) | (x0 > 0)
-        lp = run(m.columns(keep), solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
-        x = x0.copy()  # the decoded plan alone is a feasible LP solution
-        if lp.x is not None:
+        lp = run(m.columns(keep), solver, mip=False, time_limit_s=left, mip_gap=0.0)
+        x = x0.copy()
+        if lp.status == "optimal" and lp.x is not None:  # a stopped simplex's x may not hold
             x = np.zeros(m.num_cols)
             x[keep] = lp.x
         lam = _memory_multiplier(m, lp.y, dual.lam)
@@ -168,6 +172,13 @@ def relax(
     return _relaxation(
         model, dual.bound, stats, found, x, dj, values, dual.reduced, _binds(p, values), began
     )
+
+
+def _left(time_limit_s: float | None, began: float) -> float | None:
+    """What is left of ``time_limit_s`` since ``began`` (None: no limit)."""
+    if time_limit_s is None:
+        return None
+    return time_limit_s - (time.perf_counter() - began)
 
 
 def _memory_multiplier(m: Matrix, y: np.ndarray | None, lam: float) -> float | None:

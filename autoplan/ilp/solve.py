@@ -167,21 +167,25 @@ def solve(
     pre = Relaxation()
     status = "optimal"
     choice = {r: em.fixed.get(r, 0) for r in p.linear}
+    before = relaxed.seconds if relaxed is not None else 0.0  # spent before this call
+
+    def left() -> float | None:
+        """What is left of ``time_limit_s``, at least a second (None: no limit)."""
+        if time_limit_s is None:
+            return None
+        return max(1.0, time_limit_s - before - (time.perf_counter() - start_time))
+
     if fixing and m.num_cols:
         if relaxed is None:
             relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, start=start)
         pre = relaxed
         if cutoff >= pre.upper:  # a better incumbent still makes the fixing stronger
-            pre = _polish(model, solver, pre, time_limit_s)
-    spent = pre.seconds
+            pre = _polish(model, solver, pre, left())
     bound, stats, incumbent = pre.bound, dict(pre.stats or {}), pre.choice
     if m.num_cols:
         keep, x0 = pre.keep(cutoff), pre.start
         if keep is not None:
             stats["fixed"] = float((~keep).sum())
-        left = time_limit_s
-        if time_limit_s is not None:
-            left = max(1.0, time_limit_s - spent - (time.perf_counter() - start_time))
         # Fixed columns are left out of the MIP altogether: a smaller model to write and presolve.
         sub = m.columns(keep) if keep is not None else m
         if keep is not None and x0 is not None:
@@ -192,7 +196,7 @@ def solve(
         # scripts/relax_vs_lp.py).
         limit = cutoff if incumbent is not None and cutoff < pre.upper else None
         result = run(
-            sub, solver, mip=True, time_limit_s=left, mip_gap=mip_gap, start=x0, cutoff=limit
+            sub, solver, mip=True, time_limit_s=left(), mip_gap=mip_gap, start=x0, cutoff=limit
         )
         if math.isfinite(result.bound):
             bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
@@ -217,7 +221,7 @@ def solve(
                 status = "time_limit"
             found, cost = incumbent, pre.upper
         if not math.isfinite(cost):
-            seconds = spent + time.perf_counter() - start_time
+            seconds = before + time.perf_counter() - start_time
             # no plan: proved, or the solver stopped on time before it found one
             status = "infeasible" if result.status == "infeasible" else "time_limit"
             return Solution(status, float("nan"), {}, seconds, solver, bound, stats=stats)
@@ -228,5 +232,5 @@ def solve(
         floor = cost * (1.0 - mip_gap)
         bound = min(cost, max(bound, floor)) if math.isfinite(bound) else floor
     nodes = {v: choice[r] for v, r in p.rep.items()}
-    seconds = spent + time.perf_counter() - start_time
+    seconds = before + time.perf_counter() - start_time
     return Solution(status, cost, nodes, seconds, solver, bound, stats)

@@ -61,8 +61,9 @@ from autoplan.ilp.solve import Relaxation, Solution, relax, solve
 _USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
 _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's tolerances
 # Each pass stops within _CLOSE of its own bound. The second pass (every node) runs when
-# the first pass's plan is more than _CLOSE above the tied LP bound, and keeps at most
-# _MAX_GROWTH times the strategies the tied ILP had in all.
+# the first pass's plan is more than _CLOSE above the tied LP bound. A pass runs only when
+# it keeps at most _MAX_GROWTH times the strategies the tied ILP had in all: a larger
+# untied ILP does not solve within the pass's time.
 _CLOSE = 1e-3
 _MAX_GROWTH = 4
 # The untied solve may take this many times the tied relaxation's seconds (at least _MIN_S).
@@ -154,7 +155,7 @@ def untie_under_budget(
             break  # the mix, or the first pass, is within _CLOSE of the tied bound
         gap += _TIGHT * max(1.0, abs(cost))
         narrowed = _narrow(model, relaxed, best, gap, everywhere=everywhere)
-        if everywhere and sum(int(m.sum()) for m in narrowed.values()) > _MAX_GROWTH * sum(
+        if sum(int(m.sum()) for m in narrowed.values()) > _MAX_GROWTH * sum(
             int(np.isfinite(c).sum()) for c in p.linear.values()
         ):
             break
