@@ -7,7 +7,7 @@ Each row plans a run file with overrides in a fresh process and prints the plan'
 memory per device by category, its checkpointing choice, its estimated step and the
 wall seconds of the ``autoplan.plan`` call: the parameters-only budget the run file
 sets, against 70 GiB counting the saved activations with no, full and ``auto``
-checkpointing.
+checkpointing (``auto`` in both mm modes).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ ROWS: list[tuple[str, list[str]]] = [
         H100 + ["plan.activation_checkpointing=none"],
         H100 + ["plan.activation_checkpointing=full"],
         H100 + ["plan.activation_checkpointing=auto"],
+        H100 + ["plan.activation_checkpointing=auto", "plan.mm_mode=native"],
     )
 ]
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "transient")
@@ -76,9 +77,9 @@ def run_row(config: str, overrides: list[str]) -> dict:
 def table(rows: list[dict]) -> str:
     gib = 2**30
     lines = [
-        "| run file | budget | checkpointing | status | params | grads | optimizer "
+        "| run file | mm | budget | checkpointing | status | params | grads | optimizer "
         "| saved activations | transient | peak GiB | step ms | plan s |",
-        "|---" * 12 + "|",
+        "|---" * 13 + "|",
     ]
     for r in rows:
         budget = f"{r['budget_gib']:g} GiB " + (
@@ -92,11 +93,18 @@ def table(rows: list[dict]) -> str:
         peak = f"{sum(m.values()) / gib:.2f}" if m else "-"
         step = f"{r['step_ms']:.1f}" if r["status"] != "infeasible" else "-"
         lines.append(
-            f"| `{Path(r['config']).name}` | {budget} | {chosen} | {r['status']} | "
+            f"| `{Path(r['config']).name}` | {_mm_mode(r)} | {budget} | {chosen} | {r['status']} | "
             + " | ".join(cells)
             + f" | {peak} | {step} | {r['wall_s']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def _mm_mode(row: dict) -> str:
+    """The row's mm mode: its override, else the run files' own (einsum)."""
+    return next(
+        (o.split("=", 1)[1] for o in row["overrides"] if o.startswith("plan.mm_mode=")), "einsum"
+    )
 
 
 def main() -> None:

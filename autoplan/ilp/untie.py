@@ -62,10 +62,10 @@ _USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
 _TIGHT = 1e-9  # margin on the gap, as a share of the objective, for the LP's tolerances
 # Each pass stops within _CLOSE of its own bound. The second pass (every node) runs when
 # the first pass's plan is more than _CLOSE above the tied LP bound. A pass runs only when
-# it keeps at most _MAX_GROWTH times the strategies the tied ILP had in all: a larger
-# untied ILP does not solve within the pass's time.
+# it keeps at most _MAX_GROWTH[everywhere] times the strategies the tied ILP had in all:
+# a larger untied ILP does not solve within the pass's time.
 _CLOSE = 1e-3
-_MAX_GROWTH = 4
+_MAX_GROWTH = {False: 10, True: 4}
 # The untied solve may take this many times the tied relaxation's seconds (at least _MIN_S).
 # The relaxation takes well under two seconds even on LLaMA3-70B: with _MIN_S = 2 the second
 # pass on the tiny LLaMA of tests/test_prune.py (4 layers, 2x2, binding budget, HiGHS,
@@ -155,7 +155,7 @@ def untie_under_budget(
             break  # the mix, or the first pass, is within _CLOSE of the tied bound
         gap += _TIGHT * max(1.0, abs(cost))
         narrowed = _narrow(model, relaxed, best, gap, everywhere=everywhere)
-        if sum(int(m.sum()) for m in narrowed.values()) > _MAX_GROWTH * sum(
+        if sum(int(m.sum()) for m in narrowed.values()) > _MAX_GROWTH[everywhere] * sum(
             int(np.isfinite(c).sum()) for c in p.linear.values()
         ):
             break
