@@ -219,6 +219,7 @@ def _routed_problem(seed: int) -> Problem:
     """Random problems whose edges are route-priced: cost = a network's cheapest-route prices.
 
     Classes of 1-4 strategies, each its own row or column; lone-strategy ends included.
+    Some edges stand for 2 or 3 tied ones: their prices are the shared network's, scaled.
     """
     rng = np.random.default_rng(1000 + seed)
     names = [f"n{k}" for k in range(int(rng.integers(3, 6)))]
@@ -236,17 +237,19 @@ def _routed_problem(seed: int) -> Problem:
         net = Network(tuple(range(n)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
         row_state = rng.choice(n, len(linear[u]))
         col_state = rng.choice(n, len(linear[v]))
+        scale = float(rng.choice([1, 2, 3]))
         edges.append(
             Edge(
                 u,
                 v,
                 np.arange(len(linear[u])),
                 np.arange(len(linear[v])),
-                dist[np.ix_(row_state, col_state)],
+                dist[np.ix_(row_state, col_state)] * scale,
                 f"{u} -> {v}",
                 net=net,
                 row_state=row_state,
                 col_state=col_state,
+                net_scale=scale,
             )  # fmt: skip
         )
     budget = float(sum(m.max() for m in memory.values()) * 0.7)

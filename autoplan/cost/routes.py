@@ -68,7 +68,6 @@ class Network:
     _routes: dict[tuple[int, int], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
-    _scaled: dict[float, Network] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -147,20 +146,6 @@ class Network:
         if keep.all():
             return self
         return Network(self.states, d, x[keep], y[keep], w[keep], self.one_move)
-
-    def scaled(self, factor: float) -> Network:
-        """The same network with every price multiplied (an edge standing for several),
-        made once per factor: the edges of twin tensors share it, and the ILP's flow
-        layout prunes a shared network once."""
-        if factor == 1:
-            return self
-        found = self._scaled.get(factor)
-        if found is None:
-            found = self._scaled[factor] = Network(
-                self.states, self.dist * factor, self.arc_src, self.arc_dst,
-                self.arc_cost * factor, self.one_move,
-            )  # fmt: skip
-        return found
 
 
 def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

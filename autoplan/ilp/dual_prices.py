@@ -64,10 +64,10 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             dist = net.dist
             # the cheapest way into each state and out of it, then per arc by its ends'
             # states: a network has far fewer states than moves
-            into = dist[cols.row_state] - dual.a[k][:, None] + u[:, None]
-            out = dist[:, cols.col_state] - dual.b[k][None, :] + v[None, :]
+            into = dist[cols.row_state] * cols.scale - dual.a[k][:, None] + u[:, None]
+            out = dist[:, cols.col_state] * cols.scale - dual.b[k][None, :] + v[None, :]
             least = np.minimum.reduce
-            arc = least(into, axis=0)[net.arc_src] + net.arc_cost
+            arc = least(into, axis=0)[net.arc_src] + net.arc_cost * cols.scale
             arc = arc + least(out, axis=1)[net.arc_dst] - low
             d[cols.first_col + np.arange(len(arc))] = arc
         else:

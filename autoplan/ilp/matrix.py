@@ -113,9 +113,10 @@ class _Flow:
     """Where a flow edge lives: its arcs' columns, and how to route one move over them."""
 
     first_col: int
-    net: Network
+    net: Network  # its prices times scale are the edge's
     row_state: np.ndarray
     col_state: np.ndarray
+    scale: float = 1.0
 
     def route_columns(self, g: int, h: int) -> np.ndarray:
         """The arcs of a cheapest route from row g's state to column h's.
@@ -212,8 +213,8 @@ def emit(p: Problem) -> Emitted:
         # into flows, adds rows, and the LP took longer)
         if e.net is not None and len(e.net.arc_src) < finite.sum():
             net = _flow_network(e, networks)
-            flow = _Flow(num_cols, net, e.row_state, e.col_state)
-            costs.append(net.arc_cost)
+            flow = _Flow(num_cols, net, e.row_state, e.col_state, e.net_scale)
+            costs.append(net.arc_cost * e.net_scale)
             num_cols += len(net.arc_cost)
             _flow_rows(e, flow, class_cols, fixed, rows)
             edge_cols.append(flow)

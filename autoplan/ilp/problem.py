@@ -66,11 +66,14 @@ class Edge:
     cost: np.ndarray
     name: str
     compact: bool = False
-    # A route-priced edge (cost.routes): cost[g, h] = net.dist[row_state[g], col_state[h]],
-    # so the matrix can lay it out as a flow over the network's moves.
+    # A route-priced edge (cost.routes): cost[g, h] = net_scale * net.dist[row_state[g],
+    # col_state[h]], so the matrix can lay it out as a flow over the network's moves. The
+    # network stays the one its twin edges share, unscaled: a copy per scale would cost
+    # the distance matrix again.
     net: Network | None = None
     row_state: np.ndarray | None = None
     col_state: np.ndarray | None = None
+    net_scale: float = 1.0
 
 
 @dataclass
@@ -132,7 +135,6 @@ def lower(
         if src == dst:  # both ends take the same strategy: a linear cost
             linear[src] = linear[src] + cost[e.src_group, e.dst_group]
             continue
-        net = e.net.scaled(len(es)) if e.net is not None else None
         edges.append(
             Edge(
                 src,
@@ -141,9 +143,10 @@ def lower(
                 e.dst_group,
                 cost,
                 f"{e.src} -> {e.dst}",
-                net=net,
+                net=e.net,
                 row_state=e.row_state,
                 col_state=e.col_state,
+                net_scale=float(len(es)),
             )  # fmt: skip
         )
     return Problem(linear, memory, edges, rep, memory_budget_bytes, _class_blocks(costs, rep))
