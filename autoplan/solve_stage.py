@@ -26,7 +26,7 @@ from autoplan.config import PlanConfig
 from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.ilp.build import build_ilp
-from autoplan.ilp.cluster import cluster
+from autoplan.ilp.cluster import ROUNDS, cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
@@ -174,7 +174,7 @@ class _Reduced:
     allowed: dict[str, np.ndarray]
     plain: CostTable
     label: str
-    tie_rounds: int = 3
+    tie_rounds: int = ROUNDS
 
 
 def _solve_reduced(

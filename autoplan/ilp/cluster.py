@@ -88,7 +88,11 @@ def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
     return key
 
 
-def cluster(costs: CostTable, *, rounds: int = 3) -> Clustering:
+# Refinement rounds by default: enough to keep the first and last layers apart.
+ROUNDS = 3
+
+
+def cluster(costs: CostTable, *, rounds: int = ROUNDS) -> Clustering:
     """Classes of nodes that ``rounds`` of WL refinement cannot tell apart."""
     in_edges: dict[str, list[EdgeCost]] = defaultdict(list)
     out_edges: dict[str, list[EdgeCost]] = defaultdict(list)
