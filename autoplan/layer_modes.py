@@ -44,7 +44,7 @@ from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
 from autoplan.graph import forward_part, layer_of
 from autoplan.ilp.reduce import FOLDED, FOLLOWED, Reduction
-from autoplan.recompute import recompute_set, with_recompute
+from autoplan.recompute import recompute_set
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
@@ -111,8 +111,8 @@ def layer_modes(
     forward = _forward(traced)
     layer = {n.name: lay for n in forward if (lay := layer_of(n)) is not None}
     chosen = [recompute_set(traced, m) for m in modes]
-    kept = [activation_memory(with_recompute(traced, names), table) for names in chosen]
     again = [set(names) for names in chosen]
+    kept = [activation_memory(traced, table, names) for names in again]
     crossing = {
         storage_root(n).name
         for n in forward

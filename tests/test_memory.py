@@ -22,7 +22,8 @@ from autoplan.explain import explain, format_explain
 from autoplan.graph import RECOMPUTES, layer_of
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rebuild import rebuild
-from autoplan.recompute import recompute_set, with_recompute
+from autoplan.recompute import layer_names, recompute_set, with_recompute
+from autoplan.rewrite import rewrite
 from autoplan.runfile import load_run
 from autoplan.trace import trace_joint
 
@@ -52,6 +53,32 @@ def test_the_kept_values_are_forward_values_the_backward_reads_never_placeholder
     ops = {str(n.target) for n in kept}
     assert "aten.embedding.default" in ops and "aten.rsqrt.default" in ops
     assert not any(getattr(n.target, "is_view", False) for n in kept)  # bases, not views
+
+
+@pytest.mark.parametrize("mm_mode", ["einsum", "native"])
+def test_the_kept_values_under_recomputation_are_read_off_the_graph_as_the_step_keeps_them(
+    mm_mode,
+):
+    """saved_storage with a recompute set equals saved_storage of the graph with_recompute
+    makes, for each mode and mixes of modes per layer."""
+    with torch.device("meta"):
+        model = Transformer(tiny(3))
+    traced, _ = rewrite(
+        trace_joint(model, lambda: torch.randint(0, 128, (BATCH, SEQ))), mm_mode=mm_mode
+    )
+    layers = layer_names(traced)
+    mixes = ["none", "selective", "full"]
+    mixes += [
+        dict(zip(layers, m, strict=True))
+        for m in (("full", "none", "selective"), ("none", "full", "full"))
+    ]
+    seen = set()
+    for mix in mixes:
+        names = recompute_set(traced, mix)
+        kept = saved_storage(traced, names)
+        assert kept == saved_storage(with_recompute(traced, names)), mix
+        seen.add(tuple(kept))
+    assert len(seen) == len(mixes)  # each mix keeps other values
 
 
 def test_the_breakdown_adds_up_and_the_budget_leaves_activations_out_unless_asked():

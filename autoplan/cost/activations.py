@@ -17,7 +17,7 @@ caller's (parameters are priced with their gradients and optimizer state).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -31,17 +31,28 @@ from autoplan.trace import TracedGraph
 __all__ = ["activation_memory", "backward_peak", "saved_storage", "storage_root"]
 
 
-def saved_storage(traced: TracedGraph) -> list[str]:
+def saved_storage(traced: TracedGraph, recompute: Collection[str] = ()) -> list[str]:
     """The nodes (in graph order) whose storage the forward keeps for the backward: each
     forward value a backward op reads and each output of the model (which the caller
-    holds while the backward runs), or the base it is a view of, but no placeholder."""
+    holds while the backward runs), or the base it is a view of, but no placeholder.
+
+    With ``recompute`` (forward nodes the backward computes again), what the step
+    :func:`~autoplan.recompute.with_recompute` makes keeps, read off this graph: the
+    backward reads a recomputed value's copy instead of it, and each copy reads the
+    originals of its inputs that are not recomputed themselves. No graph is copied, as
+    :mod:`autoplan.layer_modes` asks this of several modes on the one graph.
+    """
     outputs = [traced.node(n) for n in traced.outputs]
     forward = forward_part(outputs)
+    again = {n for n in forward if n.name in recompute} if recompute else set()
+    read_by_copies = {a for r in again for a in r.all_input_nodes} - again
     kept: set[fx.Node] = set()
     for node in forward:
         if node.op == "placeholder" or not is_tensor_node(node):
             continue
-        read_later = any(u not in forward and u.op != "output" for u in node.users)
+        read_later = node in read_by_copies or (
+            node not in again and any(u not in forward and u.op != "output" for u in node.users)
+        )
         if read_later or node in outputs:
             root = storage_root(node)
             if root.op != "placeholder":
@@ -49,12 +60,15 @@ def saved_storage(traced: TracedGraph) -> list[str]:
     return [n.name for n in traced.gm.graph.nodes if n in kept]
 
 
-def activation_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np.ndarray]:
-    """Bytes per device of each kept value (:func:`saved_storage`) under each strategy of
-    its node: the local size of its output placement, in its traced dtype."""
+def activation_memory(
+    traced: TracedGraph, table: StrategyTable, recompute: Collection[str] = ()
+) -> dict[str, np.ndarray]:
+    """Bytes per device of each kept value (:func:`saved_storage`, ``recompute`` as there)
+    under each strategy of its node: the local size of its output placement, in its
+    traced dtype."""
     out: dict[str, np.ndarray] = {}
     shared: dict[tuple[Any, ...], np.ndarray] = {}  # twin nodes share their strategy tuple
-    for name in saved_storage(traced):
+    for name in saved_storage(traced, recompute):
         ns = table.nodes.get(name)
         info = ns.out_tensors[0] if ns is not None and ns.out_tensors else None
         if info is None:
