@@ -61,14 +61,20 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
         cols = em.edge_cols[k]
         if isinstance(cols, _Flow):
             net = cols.net
-            dist = net.dist
-            # the cheapest way into each state and out of it, then per arc by its ends'
-            # states: a network has far fewer states than moves
-            into = dist[cols.row_state] * cols.scale - dual.a[k][:, None] + u[:, None]
-            out = dist[:, cols.col_state] * cols.scale - dual.b[k][None, :] + v[None, :]
+            # the cheapest way into each state an arc leaves and out of each it enters,
+            # then per arc by its ends' states: a network has far fewer states than
+            # moves, and its arcs touch only some of them
+            starts, start_of = np.unique(net.arc_src, return_inverse=True)
+            ends, end_of = np.unique(net.arc_dst, return_inverse=True)
+            into = net.dist[np.ix_(cols.row_state, starts)] * cols.scale
+            into -= dual.a[k][:, None]
+            into += u[:, None]
+            out = net.dist[np.ix_(ends, cols.col_state)] * cols.scale
+            out -= dual.b[k][None, :]
+            out += v[None, :]
             least = np.minimum.reduce
-            arc = least(into, axis=0)[net.arc_src] + net.arc_cost * cols.scale
-            arc = arc + least(out, axis=1)[net.arc_dst] - low
+            arc = least(into, axis=0)[start_of] + net.arc_cost * cols.scale
+            arc = arc + least(out, axis=1)[end_of] - low
             d[cols.first_col + np.arange(len(arc))] = arc
         else:
             sel = cols >= 0
