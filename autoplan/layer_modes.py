@@ -40,6 +40,7 @@ from torch import fx
 from autoplan.components import components
 from autoplan.config import CHECKPOINT_MODES
 from autoplan.cost.activations import activation_memory, storage_root
+from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
 from autoplan.graph import forward_part, layer_of
@@ -232,7 +233,7 @@ def _edges(
 
     out: list[EdgeCost] = []
     joined: list[tuple[str, str]] = []
-    networks: dict[tuple[int, tuple[bool, ...]], Network] = {}
+    networks: dict[tuple[int, tuple[bool, ...]], ModeRoutes] = {}
     for q, e in enumerate(edges):
         dst = original_dst.get(q)
         twice = tuple(dst in r for r in again)
@@ -276,48 +277,23 @@ def _moded_route(
     e: EdgeCost,
     twice: tuple[bool, ...],
     diagonal: bool,
-    memo: dict[tuple[int, tuple[bool, ...]], Network],
+    memo: dict[tuple[int, tuple[bool, ...]], ModeRoutes],
 ) -> dict[str, object]:
     """A route-priced edge into a recomputed node, still a flow (a few moves, not every
     pair): over a network of its states once per mode, each copy's prices doubled where
     that mode recomputes the node, and entry states that step free into any copy. Rows
     start in their mode's copy on a block diagonal edge, else at the entry states;
     columns end in their mode's copy."""
-    assert e.net is not None and e.row_state is not None and e.col_state is not None
+    assert isinstance(e.net, Network) and e.row_state is not None and e.col_state is not None
     key = (id(e.net), twice)
     if key not in memo:
-        memo[key] = _moded_network(e.net, twice)
+        memo[key] = ModeRoutes(e.net, tuple(2.0 if t else 1.0 for t in twice))
     size = e.net.size
     cols = np.concatenate([e.col_state + (k + 1) * size for k in range(len(twice))])
     rows = e.row_state
     if diagonal:
         rows = np.concatenate([e.row_state + (k + 1) * size for k in range(len(twice))])
     return {"net": memo[key], "row_state": rows, "col_state": cols}
-
-
-def _moded_network(net: Network, twice: tuple[bool, ...]) -> Network:
-    """:func:`_moded_route`'s network: states ``[0, n)`` the entry, ``[(k+1)n, (k+2)n)``
-    mode k's copy."""
-    n, count = net.size, len(twice)
-    dist = np.full(((count + 1) * n, (count + 1) * n), np.inf)
-    np.fill_diagonal(dist[:n, :n], 0.0)
-    src, dst, price = [], [], []
-    own = np.arange(n)
-    for k, t in enumerate(twice):
-        at = (k + 1) * n
-        scaled = net.dist * 2 if t else net.dist
-        dist[at : at + n, at : at + n] = scaled
-        dist[:n, at : at + n] = scaled
-        src += [own, net.arc_src + at]
-        dst += [own + at, net.arc_dst + at]
-        price += [np.zeros(n), net.arc_cost * 2 if t else net.arc_cost]
-    return Network(
-        net.states * (count + 1),
-        dist,
-        np.concatenate(src),
-        np.concatenate(dst),
-        np.concatenate(price),
-    )
 
 
 def _links(

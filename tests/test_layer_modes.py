@@ -132,4 +132,4 @@ def test_a_route_priced_edge_stays_a_flow_whose_routes_cost_its_prices():
     for e in space.costs.edges:
         if e.net is not None:
             assert e.row_state is not None and e.col_state is not None
-            np.testing.assert_allclose(e.net.dist[np.ix_(e.row_state, e.col_state)], e.cost)
+            np.testing.assert_allclose(e.net.distances(e.row_state, e.col_state), e.cost)

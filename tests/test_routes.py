@@ -20,6 +20,7 @@ from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.routes import Network, Router, canonical
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups
@@ -100,6 +101,49 @@ def test_kept_moves_reproduce_every_cheapest_price(seed):
     only = np.where(arcs, direct, math.inf)
     np.testing.assert_array_equal(closure(only), dist)
     assert arcs.sum() <= np.isfinite(direct).sum() - len(direct)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_network_per_mode_prices_as_the_closure_of_its_own_moves(seed):
+    """ModeRoutes (auto's network per checkpointing mode) computes its distances from the
+    one network's when asked: they equal Floyd-Warshall over its own arcs, and pruning to
+    sources and sinks and routing agree with a plain Network holding that matrix."""
+    direct = _random_direct(seed, 6, free=0.3)
+    dist = closure(direct)
+    arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
+    base = Network(tuple(range(6)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
+    moded = ModeRoutes(base, (1.0, 2.0, 2.0))
+    size = moded.size
+    own = np.full((size, size), math.inf)
+    np.fill_diagonal(own, 0.0)
+    own[moded.arc_src, moded.arc_dst] = moded.arc_cost
+    full = closure(own)
+    np.testing.assert_array_equal(moded.distances(None, None), full)
+    rows, cols = np.array([0, 3, 9, 20]), np.array([7, 13, 20, 23])
+    np.testing.assert_array_equal(moded.distances(rows, cols), full[np.ix_(rows, cols)])
+    dense = Network(moded.states, full, moded.arc_src, moded.arc_dst, moded.arc_cost)
+    for sources, sinks in (([0, 2], [8, 14, 21]), ([6, 12, 19], [7, 13, 20])):
+        kept, plain = (
+            moded.between(np.array(sources), np.array(sinks)),
+            dense.between(np.array(sources), np.array(sinks)),
+        )
+        assert isinstance(kept, ModeRoutes)
+        np.testing.assert_array_equal(kept.arc_src, plain.arc_src)
+        np.testing.assert_array_equal(kept.arc_dst, plain.arc_dst)
+        again, plain = (
+            kept.between(np.array(sources[:1]), np.array(sinks[1:])),
+            plain.between(np.array(sources[:1]), np.array(sinks[1:])),
+        )
+        np.testing.assert_array_equal(again.arc_src, plain.arc_src)
+        np.testing.assert_array_equal(again.arc_cost, plain.arc_cost)
+    for a, b in itertools.product([0, 1, 7, 14], [8, 15, 22, 3]):
+        if not math.isfinite(full[a, b]):
+            with pytest.raises(ValueError, match="no route"):
+                moded.route(a, b)
+            continue
+        path = moded.route(a, b)
+        assert path == dense.route(a, b)
+        assert sum(own[x, y] for x, y in itertools.pairwise(path)) == full[a, b]
 
 
 def _router(mesh_shape, topology=None) -> Router:

@@ -32,7 +32,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.routes import Network, Router
+from autoplan.cost.routes import Router, Routes
 from autoplan.cost.topology import Topology
 from autoplan.placements import Placements
 from autoplan.strategies.dtensor import Replicate
@@ -65,8 +65,9 @@ class EdgeCost:
     src_placements: tuple[Placements, ...] = field(default=())
     dst_placements: tuple[Placements, ...] = field(default=())
     tensor: TensorInfo | None = None
-    # Route-priced edges (cost.routes): cost[r, c] = net.dist[row_state[r], col_state[c]].
-    net: Network | None = None
+    # Route-priced edges (cost.routes): cost[r, c] = the network's distance from
+    # row_state[r] to col_state[c].
+    net: Routes | None = None
     row_state: np.ndarray | None = None
     col_state: np.ndarray | None = None
 

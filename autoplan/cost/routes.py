@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import itertools
 import os
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -48,34 +49,48 @@ from autoplan.strategies.dtensor import Partial, Replicate, Shard
 _TIGHT = 1e-9
 
 
-@dataclass(frozen=True, eq=False)
-class Network:
-    """The placements a route may pass and the moves between them.
-
-    ``dist[a, b]``: cheapest route price from state a to state b (``inf``: none);
-    ``arc_src/arc_dst/arc_cost``: the direct moves cheapest routes are made of,
-    enough to reproduce ``dist`` (each is itself a cheapest route);
-    ``one_move[a, b]``: whether the direct move a->b is itself a cheapest route (a
-    route then takes it rather than a detour of equal price).
-    """
+class Routes(ABC):
+    """What the ILP reads of a route network: its states, the direct moves cheapest routes
+    are made of (``arc_src/arc_dst/arc_cost``, each itself a cheapest route) and the
+    cheapest price between states (:meth:`distances`, ``inf``: none). :class:`Network` keeps
+    those prices in a matrix; another kind may compute them when asked
+    (:class:`~autoplan.cost.mode_routes.ModeRoutes`)."""
 
     states: tuple[Placements, ...]
-    dist: np.ndarray
     arc_src: np.ndarray
     arc_dst: np.ndarray
     arc_cost: np.ndarray
-    one_move: np.ndarray | None = None
-    _routes: dict[tuple[int, int], tuple[int, ...]] = field(
-        default_factory=dict, init=False, repr=False
-    )
 
     @property
     def size(self) -> int:
         return len(self.states)
 
+    @abstractmethod
+    def distances(self, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
+        """Cheapest route prices from each state of ``rows`` to each of ``cols`` (None:
+        every state), shaped (rows, cols)."""
+
+    @abstractmethod
+    def with_arcs(self, keep: np.ndarray) -> Self:
+        """The same network with only the arcs ``keep`` marks."""
+
+    @cached_property
+    def _moves(self) -> np.ndarray:
+        return self._move_mask()
+
+    def _move_mask(self) -> np.ndarray:
+        """The direct moves a route may take, as a (state, state) mask: the arcs."""
+        moves = np.zeros((self.size, self.size), dtype=bool)
+        moves[self.arc_src, self.arc_dst] = True
+        return moves
+
+    @cached_property
+    def _routes(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        return {}
+
     def route(self, a: int, b: int) -> list[int]:
         """The states of a cheapest route from a to b with the fewest moves (direct moves
-        included, see ``one_move``), both ends included.
+        included, see :class:`Network`'s ``one_move``), both ends included.
 
         Found when asked (a plan asks for the routes of its chosen moves, a few hundred
         distinct ones), not kept for every pair by the closure: tracking first hops in
@@ -90,11 +105,12 @@ class Network:
         """Breadth-first over the moves that lie on a cheapest route from a to b: a move
         u->v does when ``dist[a,u] + price + dist[v,b]`` is ``dist[a,b]``, and then every
         path of such moves from a costs ``dist[a,b]`` on reaching b."""
-        d = self.dist
-        if not np.isfinite(d[a, b]):
+        from_a = self.distances(np.array([a]), None)[0]
+        to_b = self.distances(None, np.array([b]))[:, 0]
+        if not np.isfinite(from_a[b]):
             raise ValueError(f"no route from state {a} to state {b}")
-        slack = d[a, b] * (1 + _TIGHT) + _TIGHT
-        on = d[a] + d[:, b] <= slack  # states some cheapest route passes
+        slack = from_a[b] * (1 + _TIGHT) + _TIGHT
+        on = from_a + to_b <= slack  # states some cheapest route passes
         moves = self._moves
         came = {a: a}
         frontier = [a]
@@ -102,8 +118,9 @@ class Network:
             reached = []
             for u in frontier:
                 v = np.flatnonzero(moves[u] & on)
-                # each move is itself a cheapest route: its price is its dist
-                for x in v[d[a, u] + d[u, v] + d[v, b] <= slack].tolist():
+                # each move is itself a cheapest route: its price is its distance
+                step = self.distances(np.array([u]), v)[0]
+                for x in v[from_a[u] + step + to_b[v] <= slack].tolist():
                     if x not in came:
                         came[x] = u
                         reached.append(x)
@@ -115,17 +132,7 @@ class Network:
             path.append(came[path[-1]])
         return tuple(reversed(path))
 
-    @cached_property
-    def _moves(self) -> np.ndarray:
-        """The direct moves a route may take: ``one_move``, or the needed moves when the
-        network was made without it."""
-        if self.one_move is not None:
-            return self.one_move
-        moves = np.zeros((self.size, self.size), dtype=bool)
-        moves[self.arc_src, self.arc_dst] = True
-        return moves
-
-    def between(self, sources: np.ndarray, sinks: np.ndarray) -> Network:
+    def between(self, sources: np.ndarray, sinks: np.ndarray) -> Self:
         """The network with only the moves some cheapest route from ``sources`` to ``sinks``
         can use: a move x->y stays if it is tight from some source (it ends a cheapest
         route there) and tight toward some sink. Every move of a cheapest source-to-sink
@@ -133,19 +140,56 @@ class Network:
 
         Tight toward a sink is asked only of the moves tight from a source, and each
         side's distances are read once with the slack added and an unreachable state as
-        NaN (which no comparison passes): LLaMA3-70B native's 156 calls at ILP build,
-        1.18-1.31 -> 0.52-0.53 s, the same moves kept.
+        NaN (which no comparison passes).
         """
+        keep = self.on_routes(sources, sinks)
+        return self if keep.all() else self.with_arcs(keep)
+
+    def on_routes(self, sources: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+        """Per arc, whether :meth:`between` keeps it."""
         x, y, w = self.arc_src, self.arc_dst, self.arc_cost
-        d = self.dist
-        start, limit = _reached(d[sources])  # from each source
+        keep = np.zeros(len(x), dtype=bool)
+        if not len(sources) or not len(sinks):
+            return keep
+        start, limit = _reached(self.distances(sources, None))  # from each source
         keep = (start[:, x] + w <= limit[:, y]).any(axis=0)
         tried = np.flatnonzero(keep)
-        start, limit = _reached(d[:, sinks])  # toward each sink
+        start, limit = _reached(self.distances(None, sinks))  # toward each sink
         keep[tried] = (w[tried, None] + start[y[tried]] <= limit[x[tried]]).any(axis=1)
-        if keep.all():
-            return self
-        return Network(self.states, d, x[keep], y[keep], w[keep], self.one_move)
+        return keep
+
+
+@dataclass(frozen=True, eq=False)
+class Network(Routes):
+    """A route network with its prices in a matrix: ``dist[a, b]``, the cheapest route
+    price from state a to state b; ``one_move[a, b]``: whether the direct move a->b is
+    itself a cheapest route (a route then takes it rather than a detour of equal price).
+    """
+
+    states: tuple[Placements, ...]
+    dist: np.ndarray
+    arc_src: np.ndarray
+    arc_dst: np.ndarray
+    arc_cost: np.ndarray
+    one_move: np.ndarray | None = None
+
+    def distances(self, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
+        if rows is None:
+            return self.dist if cols is None else self.dist[:, cols]
+        return self.dist[rows] if cols is None else self.dist[np.ix_(rows, cols)]
+
+    def with_arcs(self, keep: np.ndarray) -> Network:
+        return Network(
+            self.states,
+            self.dist,
+            self.arc_src[keep],
+            self.arc_dst[keep],
+            self.arc_cost[keep],
+            self.one_move,
+        )
+
+    def _move_mask(self) -> np.ndarray:
+        return self.one_move if self.one_move is not None else super()._move_mask()
 
 
 def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

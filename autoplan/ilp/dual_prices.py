@@ -66,10 +66,10 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             # moves, and its arcs touch only some of them
             starts, start_of = np.unique(net.arc_src, return_inverse=True)
             ends, end_of = np.unique(net.arc_dst, return_inverse=True)
-            into = net.dist[np.ix_(cols.row_state, starts)] * cols.scale
+            into = net.distances(cols.row_state, starts) * cols.scale
             into -= dual.a[k][:, None]
             into += u[:, None]
-            out = net.dist[np.ix_(ends, cols.col_state)] * cols.scale
+            out = net.distances(ends, cols.col_state) * cols.scale
             out -= dual.b[k][None, :]
             out += v[None, :]
             least = np.minimum.reduce

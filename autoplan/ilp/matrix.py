@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplan.cost.routes import Network
+from autoplan.cost.routes import Routes
 from autoplan.ilp.problem import Edge, Problem
 
 # The memory row is written in MiB: byte-sized coefficients (1e9) sit badly
@@ -113,7 +113,7 @@ class _Flow:
     """Where a flow edge lives: its arcs' columns, and how to route one move over them."""
 
     first_col: int
-    net: Network  # its prices times scale are the edge's
+    net: Routes  # its prices times scale are the edge's
     row_state: np.ndarray
     col_state: np.ndarray
     scale: float = 1.0
@@ -125,13 +125,14 @@ class _Flow:
         than the price-to-go from its start): any path of them is a cheapest route.
         """
         net, a, b = self.net, int(self.row_state[g]), int(self.col_state[h])
-        tol = 1e-9 * max(1.0, float(net.dist[a, b]))
+        to_b = net.distances(None, np.array([b]))[:, 0]
+        tol = 1e-9 * max(1.0, float(to_b[a]))
         reached_by = {a: -1}  # state -> the arc it was reached by
         stack = [a]
         while stack and b not in reached_by:
             x = stack.pop()
             out = np.flatnonzero(net.arc_src == x)
-            tight = out[net.arc_cost[out] + net.dist[net.arc_dst[out], b] <= net.dist[x, b] + tol]
+            tight = out[net.arc_cost[out] + to_b[net.arc_dst[out]] <= to_b[x] + tol]
             for k in tight:
                 y = int(net.arc_dst[k])
                 if y not in reached_by:
@@ -205,7 +206,7 @@ def emit(p: Problem) -> Emitted:
         class_cols[r] = cols
     num_int = num_cols
     edge_cols: list[np.ndarray | _Flow] = []
-    networks: dict[tuple[int, bytes, bytes], Network] = {}
+    networks: dict[tuple[int, bytes, bytes], Routes] = {}
     for e in p.edges:
         finite = np.isfinite(e.cost)
         # A flow when the network's moves are fewer than the pairs (measured on LLaMA3-70B:
@@ -261,7 +262,7 @@ def emit(p: Problem) -> Emitted:
     return Emitted(matrix, class_cols, edge_cols, infeasible, fixed)
 
 
-def _flow_network(e: Edge, memo: dict[tuple[int, bytes, bytes], Network]) -> Network:
+def _flow_network(e: Edge, memo: dict[tuple[int, bytes, bytes], Routes]) -> Routes:
     """The moves edge e's flow may use: those on cheapest routes from its rows to its columns.
 
     Edges of twin tensors share a network and often their states: ``memo`` (keyed by the

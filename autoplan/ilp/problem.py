@@ -39,7 +39,7 @@ import numpy as np
 
 from autoplan.components import components
 from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.cost.routes import Network
+from autoplan.cost.routes import Routes
 from autoplan.ilp.cluster import edge_key
 
 # Relative tolerance for recognising a[r] + b[c] prices; far below any price difference that matters.
@@ -66,11 +66,11 @@ class Edge:
     cost: np.ndarray
     name: str
     compact: bool = False
-    # A route-priced edge (cost.routes): cost[g, h] = net_scale * net.dist[row_state[g],
-    # col_state[h]], so the matrix can lay it out as a flow over the network's moves. The
-    # network stays the one its twin edges share, unscaled: a copy per scale would cost
-    # the distance matrix again.
-    net: Network | None = None
+    # A route-priced edge (cost.routes): cost[g, h] = net_scale times the network's
+    # distance from row_state[g] to col_state[h], so the matrix can lay it out as a flow
+    # over the network's moves. The network stays the one its twin edges share, unscaled:
+    # a copy per scale would cost the distance matrix again.
+    net: Routes | None = None
     row_state: np.ndarray | None = None
     col_state: np.ndarray | None = None
     net_scale: float = 1.0
