@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from autoplan.config import PlanConfig
 from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
-from autoplan.ilp.build import build_ilp
+from autoplan.ilp.build import IlpModel, build_ilp
 from autoplan.ilp.cluster import ROUNDS, cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
@@ -53,6 +53,10 @@ class Problem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
+    # each mode's built ILP and its tied count, for a solve again under a smaller budget
+    built: dict[Hashable, tuple[IlpModel, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @functools.cached_property
     def mode_space(self) -> tuple[Reduction, ModeChoice]:
@@ -96,8 +100,13 @@ def solve_mode(
         else Reduction.unreduced(costs)
     )
     done()
+    key = mode if isinstance(mode, str) else None
     found = _solve_reduced(
-        problem, _Reduced(reduction, problem.allowed, costs, _label(mode)), base, timed, reserve
+        problem,
+        _Reduced(reduction, problem.allowed, costs, _label(mode), key=key),
+        base,
+        timed,
+        reserve,
     )
     if not isinstance(found, tuple):
         return found
@@ -123,6 +132,7 @@ def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve
         # further from the ends, and one keeps the end layers apart as three do on the
         # reduction without modes
         tie_rounds=1,
+        key="auto",
     )
     found = _solve_reduced(problem, reduced, _with_modes(base, traced, (), "auto"), timed, reserve)
     if not isinstance(found, tuple):
@@ -167,14 +177,15 @@ def _with_modes(
 class _Reduced:
     """One solve's reduced table (``reduction.costs``) and what differs between modes:
     the strategy masks over it, the unreduced table the plain ILP's size is counted on,
-    the mode's name for messages and the rounds of layer tying
-    (:func:`~autoplan.ilp.cluster.cluster`)."""
+    the mode's name for messages, the rounds of layer tying
+    (:func:`~autoplan.ilp.cluster.cluster`) and the key its built ILP is kept under."""
 
     reduction: Reduction
     allowed: dict[str, np.ndarray]
     plain: CostTable
     label: str
     tie_rounds: int = ROUNDS
+    key: Hashable | None = None  # where Problem.built keeps its ILP (None: not kept)
 
 
 def _solve_reduced(
@@ -192,8 +203,6 @@ def _solve_reduced(
         if need > budget:
             return _infeasible(_too_small(problem, label, ilp_costs, need, reserve), base)
     done = timed("ilp_build")
-    clustering = cluster(ilp_costs, rounds=reduced.tie_rounds) if config.cluster_layers else None
-    tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
     plain_vars, plain_cons = plain_size(reduced.plain, budget is not None)
     base["ilp_size"] = {
         "variables": 0,
@@ -202,21 +211,14 @@ def _solve_reduced(
         "plain_constraints": plain_cons,
         "nodes": len(ilp_costs.compute),
         "merged": reduction.num_merged,
-        "tied": sum(1 for v, r in (tie or {}).items() if v != r),
     }
     try:
-        model_ilp = build_ilp(
-            ilp_costs,
-            allowed=allowed,
-            memory_budget_bytes=budget,
-            tie=tie,
-            edge_keys=clustering.edge_keys if clustering is not None else None,
-            prune=config.prune_dominated,
-        )
+        model_ilp, tied = _built(problem, reduced, budget)
     except InfeasibleError as err:
         done()
         return _infeasible(f"infeasible: {err}; relax the placement constraints.", base)
     done()
+    base["ilp_size"]["tied"] = tied
     base["ilp_size"] |= {
         "variables": model_ilp.num_variables,
         "constraints": model_ilp.num_constraints,
@@ -251,6 +253,32 @@ def _solve_reduced(
     if math.isfinite(solution.bound_us):
         base["bound_us"] = float(solution.bound_us)
     return solution.choice, solution.status, base
+
+
+def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[IlpModel, int]:
+    """The ILP of ``reduced`` under ``budget`` and how many nodes it ties to a twin: the
+    one built before for the same key with its memory row moved
+    (:meth:`~autoplan.ilp.build.IlpModel.with_budget`) when it can be, else built."""
+    kept = problem.built.get(reduced.key) if reduced.key is not None else None
+    if kept is not None and budget is not None:
+        moved = kept[0].with_budget(budget)
+        if moved is not None:
+            return moved, kept[1]
+    config, ilp_costs = problem.config, reduced.reduction.costs
+    clustering = cluster(ilp_costs, rounds=reduced.tie_rounds) if config.cluster_layers else None
+    tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
+    model_ilp = build_ilp(
+        ilp_costs,
+        allowed=reduced.allowed,
+        memory_budget_bytes=budget,
+        tie=tie,
+        edge_keys=clustering.edge_keys if clustering is not None else None,
+        prune=config.prune_dominated,
+    )
+    tied = sum(1 for v, r in (tie or {}).items() if v != r)
+    if reduced.key is not None:
+        problem.built[reduced.key] = (model_ilp, tied)
+    return model_ilp, tied
 
 
 def reserve_transient(

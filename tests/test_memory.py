@@ -29,6 +29,7 @@ from autoplan.trace import trace_joint
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 8, 32
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "transient")
 
 
 def _plan(mesh: tuple[int, ...] = (2, 2), **config) -> autoplan.Plan:
@@ -116,6 +117,27 @@ def test_a_budget_counting_activations_shards_them_and_is_met():
         (4,), memory_budget_gib=budget / 2**30, activation_memory=True, collapse_followers=False
     )
     assert plain.status == "optimal" and plain.memory_bytes <= budget * (1 + 1e-9)
+
+
+def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
+    """Solved again with room for the transient, a plan reuses the ILP its first solve
+    built (only the memory row's bound moves) and equals the plan of an ILP built anew."""
+    from autoplan import solve_stage
+    from autoplan.ilp.build import IlpModel
+
+    free = _plan((4,))
+    budget = 0.7 * sum(free.memory_breakdown[k] for k in CATEGORIES[:4]) / 2**30
+    built = []
+    build = solve_stage.build_ilp
+    monkeypatch.setattr(solve_stage, "build_ilp", lambda *a, **k: built.append(1) or build(*a, **k))
+    reused = _plan((4,), memory_budget_gib=budget, activation_memory=True)
+    assert "The budget kept" in reused.message and len(built) == 1
+    monkeypatch.setattr(IlpModel, "with_budget", lambda self, budget: None)
+    again = _plan((4,), memory_budget_gib=budget, activation_memory=True)
+    assert len(built) == 3
+    assert reused.objective_us == again.objective_us
+    assert reused.node_placements == again.node_placements
+    assert reused.memory_breakdown == again.memory_breakdown
 
 
 def test_too_small_a_budget_with_activations_says_they_are_counted():

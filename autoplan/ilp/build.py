@@ -52,12 +52,12 @@ right-hand side.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from autoplan.cost.price import CostTable
-from autoplan.ilp.matrix import Emitted, emit
+from autoplan.ilp.matrix import MEMORY_UNIT, Emitted, emit
 from autoplan.ilp.problem import Problem, lower, simplify
 from autoplan.ilp.prune import prune_dominated
 
@@ -88,6 +88,25 @@ class IlpModel:
     @property
     def infeasible(self) -> str:
         return self.emitted.infeasible
+
+    def with_budget(self, budget: float) -> IlpModel | None:
+        """This ILP under a smaller memory budget, when only its memory row's bound moves:
+        the row caps the same columns less by the difference, and what the reductions
+        removed does not depend on the budget's value (pruning compares memory whenever a
+        budget is set). None when the row is absent (every plan fit) or can no longer
+        hold: build again, for the row or the message."""
+        m, p = self.emitted.matrix, self.reduced
+        rows = np.flatnonzero(np.isneginf(m.row_lower))  # the one row with no lower bound
+        if p.budget is None or budget > p.budget or len(rows) != 1:
+            return None
+        upper = m.row_upper.copy()
+        upper[rows[0]] -= (p.budget - budget) / MEMORY_UNIT
+        if upper[rows[0]] < 0:
+            return None
+        matrix = replace(m, row_upper=upper)
+        return replace(
+            self, emitted=replace(self.emitted, matrix=matrix), reduced=replace(p, budget=budget)
+        )
 
 
 # Pruning rounds build_ilp runs. Later rounds find strategies that became dominated once
