@@ -19,8 +19,8 @@ from autoplan.cost import routes as routes_module
 from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
-from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.mode_routes import ModeRoutes
+from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.routes import Network, Router, canonical
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups
