@@ -12,7 +12,10 @@ is the loss and its cotangent a scalar.
 Why the cotangent is an input rather than a loss inside: the applied module returns
 the model's own output and any loss computed outside drives its backward (what
 AOTAutograd does); the graph is then split into a forward and a backward program, and
-the values the backward reads from the forward are the activations to keep.
+the values the backward reads from the forward are the activations to keep. The
+forward runs once: which outputs take a cotangent is known when the traced forward
+returns, and their placeholders are made then (``late_input``) rather than from a
+first, untraced forward.
 
 Why this way: a plain ``make_fx`` of ``functional_call`` + ``autograd.grad``
 traces LLaMA3-8B's 32 layers in seconds with no real memory (the dynamo +
@@ -56,6 +59,7 @@ from autoplan.strategies.dtensor import (
     FakeTensor,
     FakeTensorMode,
     isolated_trace,
+    late_input,
     pytree,
     use_lazy_graph_module,
 )
@@ -191,15 +195,26 @@ def trace_joint(
             return [loss_fn(out)], None
         return pytree.tree_flatten(out)
 
+    seen: dict[str, Any] = {}  # what the traced forward returned, read after the trace
+
     def step(
-        ps: Sequence[torch.Tensor],
-        bs: Sequence[torch.Tensor],
-        xs: Sequence[torch.Tensor],
-        ts: Sequence[torch.Tensor],
+        ps: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor | None, ...]]:
-        outs = [x for x in forward(ps, bs, xs)[0] if isinstance(x, torch.Tensor)]
-        diff = [outs[i] for i in differentiable]
-        grads = torch.autograd.grad(diff, list(ps), list(ts), allow_unused=True)
+        leaves, spec = forward(ps, bs, xs)
+        outs = [x for x in leaves if isinstance(x, torch.Tensor)]
+        differentiable = [i for i, x in enumerate(outs) if x.requires_grad]
+        if not differentiable:
+            raise ValueError(
+                f"no output of {type(model).__name__} depends on a trainable parameter, "
+                "so there is no backward to plan; return the model's floating output "
+                "(or pass loss_fn=...)."
+            )
+        # one cotangent input per differentiable output, known once the forward has run
+        ts = [late_input(outs[i], f"{TANGENT_PREFIX}{k + 1}") for k, i in enumerate(differentiable)]
+        seen.update(leaves=leaves, spec=spec, outs=outs, differentiable=differentiable)
+        grads = torch.autograd.grad(
+            [outs[i] for i in differentiable], list(ps), ts, allow_unused=True
+        )
         return outs, grads
 
     # A lazy GraphModule only generates and compiles its Python code when ``.code`` or
@@ -209,24 +224,19 @@ def trace_joint(
     # restored on exit.
     with _paused_gc(), use_lazy_graph_module(True), sdpa_kernel(_DEFAULT_SDPA):
         with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
-            # A first forward on fake tensors, untraced: the output's structure, and which
-            # output tensors carry a gradient, so that their cotangents can be inputs.
-            leaves, spec = forward(params, buffers, inputs)
-            outs = [x for x in leaves if isinstance(x, torch.Tensor)]
-            differentiable = [i for i, x in enumerate(outs) if x.requires_grad]
-            if not differentiable:
-                raise ValueError(
-                    f"no output of {type(model).__name__} depends on a trainable parameter, "
-                    "so there is no backward to plan; return the model's floating output "
-                    "(or pass loss_fn=...)."
-                )
-            tangents = [torch.empty_like(outs[i]) for i in differentiable]
             with _marked_layers(model):
-                gm = make_fx(step)(params, buffers, list(inputs), tangents)
+                gm = make_fx(step)(params, buffers, list(inputs))
+        _inputs_first(gm)
         gm.graph.eliminate_dead_code()
         _refuse_constants(gm, model)
         gm.recompile()
     trace_seconds = time.perf_counter() - start
+    leaves, spec, outs, differentiable = (
+        seen["leaves"],
+        seen["spec"],
+        seen["outs"],
+        seen["differentiable"],
+    )
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     num_p, num_b, num_x = len(params), len(buffers), len(inputs)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -250,6 +260,18 @@ def trace_joint(
         out_spec=spec,
         out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
     )
+
+
+def _inputs_first(gm: fx.GraphModule) -> None:
+    """Move the cotangent placeholders :func:`~autoplan.strategies.dtensor.late_input` made
+    mid-trace to follow the other inputs, in order, and give the module a flat signature
+    (``forward(*params, *buffers, *inputs, *cotangents)``)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    late = [n for n in placeholders if n.name.startswith(TANGENT_PREFIX)]
+    last = next(n for n in reversed(placeholders) if n not in late)
+    for node in reversed(late):
+        last.append(node)
+    gm.graph.set_codegen(fx.graph.CodeGen())
 
 
 def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:

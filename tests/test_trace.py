@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 
+import pytest
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -149,3 +150,50 @@ def test_trace_restores_lazy_graph_module_flag_and_gc():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Mixed(torch.nn.Module):
+    """Outputs of every kind: a dict with a non-differentiable tensor, a plain int and a
+    nested tuple of two differentiable tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> dict:
+        h = self.a(x)
+        return {"h": h, "mask": mask, "n": 3, "y": (self.b(h).relu(), h.sum())}
+
+
+def test_the_joint_graph_computes_the_model_and_its_gradients_from_flat_inputs():
+    """The traced module takes parameters, buffers, inputs and one cotangent per
+    differentiable output, in that order, and returns what eager autograd gives."""
+    torch.manual_seed(0)
+    model = _Mixed()
+    x, mask = torch.randn(2, 8), torch.ones(2, 8, dtype=torch.bool)
+    tg = trace_joint(model, lambda: (torch.randn(2, 8), torch.ones(2, 8, dtype=torch.bool)))
+    placeholders = [n.name for n in tg.gm.graph.nodes if n.op == "placeholder"]
+    assert placeholders == [*tg.params, *tg.buffers, *tg.inputs, *tg.tangents.values()]
+    assert sorted(tg.tangents) == [0, 2, 3]  # h, relu(b(h)), h.sum(); not the mask
+    out = model(x, mask)
+    tensors = [out["h"], out["mask"], *out["y"]]
+    cotangents = [torch.randn_like(tensors[i]) for i in sorted(tg.tangents)]
+    params = [p for _, p in model.named_parameters()]
+    got = tg.gm(*params, x, mask, *cotangents)
+    diff = [tensors[i] for i in sorted(tg.tangents)]
+    want = torch.autograd.grad(diff, params, cotangents)
+    assert tg.unflatten(got[: len(tensors)])["n"] == 3
+    for a, b in zip(got[: len(tensors)], tensors, strict=True):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(got[len(tensors) :], want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_model_whose_output_needs_no_parameter_is_refused_by_name():
+    model = _Mixed()
+    with pytest.raises(ValueError, match="no output of _Mixed depends on a trainable parameter"):
+        trace_joint(
+            model,
+            lambda: (torch.randn(2, 8), torch.ones(2, 8, dtype=torch.bool)),
+            loss_fn=lambda out: out["mask"].float().sum(),
+        )

@@ -50,6 +50,7 @@ from torch.fx._lazy_graph_module import (
     _make_graph_module,
     _use_lazy_graph_module,
 )
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, track_tensor_tree
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.nn.modules import module as _module
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -84,6 +85,7 @@ __all__ = [
     "has_op_strategy",
     "init_fake_process_group",
     "isolated_trace",
+    "late_input",
     "is_masked_partial",
     "local_shape",
     "masked_partial_key",
@@ -331,3 +333,17 @@ def isolated_trace() -> Iterator[None]:
         for name, hooks in saved.items():
             getattr(_module, name).update(hooks)
         _module._global_is_full_backward_hook = full_backward
+
+
+def late_input(like: torch.Tensor, name: str) -> torch.Tensor:
+    """Inside ``make_fx``: a new input of the graph being traced, a placeholder named
+    ``name`` holding an empty tensor like ``like``, for an input only known once the
+    traced function has run part of its body (the cotangents of a forward's outputs).
+    The placeholder sits where it was made; the caller moves it among the others."""
+    with disable_proxy_modes_tracing() as mode:
+        if mode is None:
+            raise RuntimeError("late_input makes a graph input while make_fx traces only")
+        value = torch.empty_like(like)
+        proxy = mode.tracer.create_proxy("placeholder", name, (), {}, name=name)
+        track_tensor_tree(value, proxy, constant=None, tracer=mode.tracer)
+    return value
