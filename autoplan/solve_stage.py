@@ -27,6 +27,7 @@ from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.ilp.build import IlpModel, build_ilp
 from autoplan.ilp.cluster import ROUNDS, cluster
+from autoplan.ilp.dual import Warm
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
@@ -53,8 +54,9 @@ class Problem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
-    # each mode's built ILP and its tied count, for a solve again under a smaller budget
-    built: dict[Hashable, tuple[IlpModel, int]] = field(
+    # each mode's built ILP, its tied count and where its relaxation's ascent ended, for
+    # a solve again under a smaller budget
+    built: dict[Hashable, tuple[IlpModel, int, Warm | None]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -235,6 +237,9 @@ def _solve_reduced(
         untie=config.untie_under_budget,
     )
     done()
+    kept = problem.built.get(reduced.key)
+    if kept is not None and kept[2] is None:
+        problem.built[reduced.key] = (kept[0], kept[1], solution.warm)
     if split:
         base["ilp_size"]["untied"] = split
     if solution.status == "infeasible":
@@ -261,7 +266,7 @@ def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[I
     (:meth:`~autoplan.ilp.build.IlpModel.with_budget`) when it can be, else built."""
     kept = problem.built.get(reduced.key) if reduced.key is not None else None
     if kept is not None and budget is not None:
-        moved = kept[0].with_budget(budget)
+        moved = kept[0].with_budget(budget, warm=kept[2])
         if moved is not None:
             return moved, kept[1]
     config, ilp_costs = problem.config, reduced.reduction.costs
@@ -277,7 +282,7 @@ def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[I
     )
     tied = sum(1 for v, r in (tie or {}).items() if v != r)
     if reduced.key is not None:
-        problem.built[reduced.key] = (model_ilp, tied)
+        problem.built[reduced.key] = (model_ilp, tied, None)
     return model_ilp, tied
 
 

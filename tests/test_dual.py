@@ -32,7 +32,8 @@ def _plans(p: Problem):
 
 
 def _duals(p: Problem):
-    """The dual before any sweep, after raise_bound, and refined at a wrong multiplier."""
+    """The dual before any sweep, after raise_bound, refined at a wrong multiplier, and
+    started from an ascent on the same problem under twice the budget."""
     fresh = Ascent(p)
     yield fresh.result()
     raised = Ascent(p)
@@ -40,6 +41,14 @@ def _duals(p: Problem):
     yield raised.result()
     raised.refine(3.0 * raised.result().lam + 1.0)
     yield raised.result()
+    if p.budget is not None:
+        roomy = Ascent(replace(p, budget=2 * p.budget))
+        roomy.raise_bound()
+        roomy.refine(roomy.result().lam + 1.0)
+        warmed = Ascent(p, warm=roomy.warm())
+        assert warmed.warmed
+        warmed.raise_bound()
+        yield warmed.result()
 
 
 PROBLEMS = [("pairs", s) for s in range(25)] + [("flows", s) for s in range(25)]
@@ -99,6 +108,14 @@ def test_sweeps_reach_the_optimum_of_a_chain():
     dual = ascend(p)
     assert dual.bound == pytest.approx(best, rel=1e-6)
     assert cost_of(p, decode(p, dual)) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_warm_start_from_another_problem_is_not_taken():
+    """Messages laid out for another problem are ignored: the ascent starts cold."""
+    other = Ascent(_random_problem(1))
+    other.raise_bound()
+    mine = Ascent(_random_problem(2), warm=other.warm())
+    assert not mine.warmed
 
 
 def test_memory_multiplier_lifts_the_bound_to_the_lp_under_a_binding_budget():

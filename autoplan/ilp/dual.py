@@ -215,21 +215,40 @@ class _Ascent:
             self._visit(r, False)
 
 
+@dataclass(frozen=True)
+class Warm:
+    """An ascent's multiplier and messages (:meth:`Ascent.warm`): any messages bound every
+    budget of the same problem, so another ascent under another budget starts from them."""
+
+    snapshot: tuple
+
+
 class Ascent:
-    """Dual ascent on one problem: :meth:`raise_bound` first, :meth:`refine` at a known
+    """Dual ascent on one problem: :meth:`raise_bound` first (or from ``warm``, the state
+    of an ascent on the same problem under another budget), :meth:`refine` at a known
     memory multiplier after, :meth:`result` at any point."""
 
-    def __init__(self, p: Problem, *, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self, p: Problem, *, time_limit_s: float | None = None, warm: Warm | None = None
+    ) -> None:
         self._st = _Ascent(p)
         if time_limit_s is not None:
             self._st.deadline = time.perf_counter() + time_limit_s
         self.sweeps = 0
+        self.warmed = warm is not None and _fits(self._st.snapshot(), warm.snapshot)
+        if self.warmed:
+            self._st.restore(warm.snapshot)
 
     def raise_bound(self) -> None:
-        """Sweeps and, under a budget that can bind, a search for λ (to about 1 %)."""
+        """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a
+        warm start, sweeps at its multiplier only (the refinement then moves it)."""
         self.sweeps += self._st.converge()
-        if budget_can_bind(self._st.p):
+        if budget_can_bind(self._st.p) and not self.warmed:
             self.sweeps += _search_lam(self._st)
+
+    def warm(self) -> Warm:
+        """The state to start an ascent on this problem under another budget from."""
+        return Warm(self._st.snapshot())
 
     def refine(self, lam: float) -> bool:
         """Sweep at multiplier ``lam`` (e.g. the LP's) until the bound settles; kept only
@@ -245,6 +264,21 @@ class Ascent:
 
     def result(self) -> Dual:
         return _finish(self._st, self.sweeps)
+
+
+def _fits(mine: tuple, theirs: tuple) -> bool:
+    """Whether snapshot ``theirs`` is of a problem laid out as ``mine``'s."""
+    _, theta, phi, msgs = mine
+    _, theta2, phi2, msgs2 = theirs
+    return (
+        theta.shape == theta2.shape
+        and phi.shape == phi2.shape
+        and len(msgs) == len(msgs2)
+        and all(
+            a.shape == c.shape and b.shape == d.shape
+            for (a, b), (c, d) in zip(msgs, msgs2, strict=True)
+        )
+    )
 
 
 def ascend(p: Problem) -> Dual:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from autoplan.ilp.backends import check_solver, run
 from autoplan.ilp.build import IlpModel
-from autoplan.ilp.dual import Ascent
+from autoplan.ilp.dual import Ascent, Warm
 from autoplan.ilp.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.incumbent import cost_of, from_lp, from_plan, memory_of
 from autoplan.ilp.matrix import Matrix
@@ -77,7 +77,7 @@ class Relaxation:
     ``bound + dj[j]``); ``lp_values[r]`` and ``lp_reduced[r]`` the same per strategy of
     class r (a lone strategy has value 1 and price 0, one that cannot be chosen value 0
     and price inf); ``binds`` whether the LP spends the whole memory budget;
-    ``seconds`` the time it took.
+    ``seconds`` the time it took; ``warm`` the state its dual ascent ended in.
     """
 
     bound: float = math.nan
@@ -90,6 +90,7 @@ class Relaxation:
     lp_reduced: dict[str, np.ndarray] | None = None
     binds: bool = False
     seconds: float = 0.0
+    warm: Warm | None = None
 
     @property
     def upper(self) -> float:
@@ -124,7 +125,7 @@ def relax(
     m, p = model.emitted.matrix, model.reduced
     if model.infeasible or not m.num_cols:
         return Relaxation()
-    ascent = Ascent(p, time_limit_s=time_limit_s)
+    ascent = Ascent(p, time_limit_s=time_limit_s, warm=model.warm)
     ascent.raise_bound()
     dual = ascent.result()
     found = from_plan(p, decode(p, dual))
@@ -169,9 +170,10 @@ def relax(
         "sweeps": float(dual.sweeps),
         "lp_columns": float(keep.sum()),
     }
-    return _relaxation(
+    relaxation = _relaxation(
         model, dual.bound, stats, found, x, dj, values, dual.reduced, _binds(p, values), began
     )
+    return replace(relaxation, warm=ascent.warm())
 
 
 def _left(time_limit_s: float | None, began: float) -> float | None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from autoplan.ilp.backends import SOLVERS, check_solver, run
 from autoplan.ilp.build import IlpModel
+from autoplan.ilp.dual import Warm
 from autoplan.ilp.relax import (
     Relaxation,
     _class_values,
@@ -65,6 +66,7 @@ class Solution:
     bound_us: float = math.nan
     stats: dict[str, float] | None = None
     proof_budget_s: float | None = None
+    warm: Warm | None = None  # where the relaxation's dual ascent ended (IlpModel.with_budget)
 
     @property
     def gap(self) -> float:

@@ -198,6 +198,20 @@ def solve_untying(
             model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, fixing=False
         ), 0
     relaxed = relax(model, solver=solver, time_limit_s=time_limit_s)
+    solution, split = _solved(costs, model, relaxed, solver, time_limit_s, mip_gap, untie)
+    return replace(solution, warm=relaxed.warm), split
+
+
+def _solved(
+    costs: CostTable,
+    model: IlpModel,
+    relaxed: Relaxation,
+    solver: str,
+    time_limit_s: float | None,
+    mip_gap: float,
+    untie: bool,
+) -> tuple[Solution, int]:
+    """:func:`solve_untying` after the relaxation."""
     untied = None
     left = time_limit_s
     budget = None  # the proof's own limit, when it is below the user's
