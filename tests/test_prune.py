@@ -260,3 +260,31 @@ def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     assert expected[100:150].sum() >= 45 and expected[200] and expected[202]
     assert not expected[0] and not expected[201]
     np.testing.assert_array_equal(_dominated(f, probe=16, grid=4, chunk=64), expected)
+
+
+def _brute_dominated(f: np.ndarray) -> np.ndarray:
+    """Row j goes when another row is <= it everywhere, the first of equal rows staying."""
+    n = len(f)
+    out = np.zeros(n, dtype=bool)
+    for j in range(n):
+        for i in range(n):
+            if i != j and (f[i] <= f[j]).all() and (not (f[i] >= f[j]).all() or i < j):
+                out[j] = True
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mode_blocks_are_pruned_apart_only_when_no_block_can_dominate_another(seed):
+    """_dominated_in_blocks equals comparing every pair: on blocks that a block diagonal
+    edge keeps apart (checked block by block) and on blocks it does not."""
+    from autoplan.ilp.prune import _dominated_in_blocks
+
+    rng = np.random.default_rng(seed)
+    count, width = 3, int(rng.integers(3, 7))
+    block = np.repeat(np.arange(count), width)
+    f = rng.choice([1.0, 2.0, 3.0], size=(count * width, 4))
+    f[rng.random(len(f)) < 0.3] = f[0]  # repeated rows
+    diagonal = np.where(block[:, None] == np.arange(count)[None, :], 0.0, np.inf)
+    for apart in (True, False):
+        g = np.hstack([f, diagonal]) if apart else f
+        np.testing.assert_array_equal(_dominated_in_blocks(g, block), _brute_dominated(g))

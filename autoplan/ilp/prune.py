@@ -29,6 +29,7 @@ This is the pruning of Alpa-style planners made exact (Zheng et al., OSDI
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,27 @@ def _dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512)
     keep = np.fromiter(first.values(), dtype=np.int64, count=len(first))
     out = np.ones(len(f), dtype=bool)  # a later copy of a row loses to the first
     out[keep] = _distinct_dominated(f[keep], probe=probe, grid=grid, chunk=chunk)
+    return out
+
+
+def _dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
+    """:func:`_dominated`, block by block when no row of one block can be <= a row of
+    another: a column holds ``inf`` in every row of the first and a finite price in every
+    row of the second (an ``auto`` layer's mode blocks, whose edges are block diagonal).
+    Then the pairs across blocks need no comparing: a third of the pairs for three."""
+    blocks = np.unique(block) if block is not None else ()
+    if len(blocks) < 2:
+        return _dominated(f)
+    rows = [np.flatnonzero(block == b) for b in blocks]
+    finite = [np.isfinite(f[r]) for r in rows]
+    never = [fin.any(axis=0) for fin in finite]  # a column some row has finite...
+    always = [fin.all(axis=0) for fin in finite]  # ...or every row has
+    for lower, upper in itertools.permutations(range(len(rows)), 2):
+        if not (always[upper] & ~never[lower]).any():
+            return _dominated(f)
+    out = np.zeros(len(f), dtype=bool)
+    for r in rows:
+        out[r] = _dominated(f[r])
     return out
 
 
@@ -118,7 +140,7 @@ def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
     for e in p.edges:
         incident[e.src].append((e, True))
         incident[e.dst].append((e, False))
-    todo: list[tuple[str, np.ndarray, np.ndarray]] = []
+    todo: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]] = []
     for r, cost in p.linear.items():
         idx = np.flatnonzero(np.isfinite(cost))
         if len(idx) < 2:
@@ -128,16 +150,21 @@ def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
         seen[r] = f
         if last is not None and last.shape == f.shape and np.array_equal(last, f):
             continue
-        todo.append((r, idx, f))
+        block = idx // p.blocks[r][1] if r in p.blocks else None
+        todo.append((r, idx, f, block))
     # The big checks are numpy passes over n x n x probe arrays, which run without the GIL:
     # on worker threads, while this one checks the small classes. LLaMA3-70B native's
     # pruning (2 CPUs): 3.9 -> 2.0-2.1 s, the same strategies removed.
     bad: dict[str, np.ndarray] = {}
     with ThreadPoolExecutor(_WORKERS) as pool:
-        pending = {r: pool.submit(_dominated, f) for r, idx, f in todo if len(idx) >= _THREADED}
+        pending = {
+            r: pool.submit(_dominated_in_blocks, f, block)
+            for r, idx, f, block in todo
+            if len(idx) >= _THREADED
+        }
         small = [t for t in todo if t[0] not in pending]
-        for r, idx, f in small + [t for t in todo if t[0] in pending]:
-            drop = pending[r].result() if r in pending else _dominated(f)
+        for r, idx, f, block in small + [t for t in todo if t[0] in pending]:
+            drop = pending[r].result() if r in pending else _dominated_in_blocks(f, block)
             if drop.any():
                 bad[r] = idx[drop]
     for r, gone in bad.items():  # after the loop: every class judged against the same sets
