@@ -26,7 +26,7 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
-from autoplan.solve_stage import Problem, reserve_transient, solve_mode
+from autoplan.solve_stage import Problem, planned_mode, reserve_transient, solve_mode
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
@@ -199,6 +199,33 @@ def _frozen_heap() -> Iterator[None]:
 _YOUNG_THRESHOLD = 10_000
 
 
+def constraints(
+    traced: TracedGraph,
+    table: StrategyTable,
+    input_placements: InputPlacements | None,
+    output_placements: Sequence[PlacementSpec] | None,
+    pins: Mapping[str, PinSpec] | None,
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Each constrained node's mask of allowed strategies (inputs, outputs, pins; a 0-dim
+    output replicated unless ``output_placements`` says otherwise) and the pinned nodes:
+    what the solver keeps out of merging and tying, so :mod:`autoplan.rebuild` asks here
+    too."""
+    specs = _inputs_by_key(input_placements, traced.input_keys)
+    allowed = _constrain(table, traced.inputs, specs, "input_placements")
+    if output_placements is None:
+        output_placements = _scalars_replicated(traced, len(table.mesh_shape))
+    allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
+    pinned = resolve_pins(traced, table, pins)
+    for node, mask in pinned.items():
+        if node in allowed and not (allowed[node] & mask).any():
+            raise ValueError(
+                f"pins: node {node} is pinned to a placement its input or output "
+                "placement constraint excludes; drop one of the two."
+            )
+        allowed[node] = allowed.get(node, mask) & mask
+    return allowed, set(pinned)
+
+
 def _plan_traced(
     traced: TracedGraph,
     mesh: DeviceMesh,
@@ -216,19 +243,7 @@ def _plan_traced(
     done = _timed(timings, "strategies", progress)
     table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
     done()
-    specs = _inputs_by_key(input_placements, traced.input_keys)
-    allowed = _constrain(table, traced.inputs, specs, "input_placements")
-    if output_placements is None:
-        output_placements = _scalars_replicated(traced, len(table.mesh_shape))
-    allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
-    pinned = resolve_pins(traced, table, pins)
-    for node, mask in pinned.items():
-        if node in allowed and not (allowed[node] & mask).any():
-            raise ValueError(
-                f"pins: node {node} is pinned to a placement its input or output "
-                "placement constraint excludes; drop one of the two."
-            )
-        allowed[node] = allowed.get(node, mask) & mask
+    allowed, pinned = constraints(traced, table, input_placements, output_placements, pins)
     done = _timed(timings, "cost", progress)
     costs = price(
         table,
@@ -241,10 +256,8 @@ def _plan_traced(
     )
     done()
     base = _plan_fields(traced, table, config, timings)
-    mode = config.activation_checkpointing
-    if mode == "auto" and config.memory_budget_gib is None:  # recomputing only adds time
-        mode = "none"
-    problem = Problem(traced, table, costs, config, allowed, set(pinned))
+    mode = planned_mode(config)
+    problem = Problem(traced, table, costs, config, allowed, pinned)
 
     def timed(phase: str) -> Callable[[], None]:
         return _timed(timings, phase, progress)

@@ -21,18 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.constraints import resolve_pins, untie
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.ilp.cluster import cluster
-from autoplan.ilp.reduce import collapse_followers
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
+from autoplan.planner import constraints
 from autoplan.recompute import checkpointed
 from autoplan.rewrite import rewrite
 from autoplan.runfile import Run
+from autoplan.solve_stage import Problem, planned_mode, structure
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import Strategy, StrategyTable
 from autoplan.trace import TracedGraph, trace_joint
@@ -165,7 +164,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     traced = trace_joint(run.build_model(), run.input_fn(), param_dtype=config.param_torch_dtype)
     traced, _ = rewrite(traced, mm_mode=config.mm_mode)
     table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
-    costs = price(
+    priced = price(
         table,
         traced,
         config.topology,
@@ -175,28 +174,29 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
         routes=config.routes,
     )
     # the plan's recomputation priced and its kept activations counted, as planned
-    costs, _ = checkpointed(traced, table, costs, plan.recompute, counted=config.counts_activations)
+    costs, _ = checkpointed(
+        traced, table, priced, plan.recompute, counted=config.counts_activations
+    )
     choice = _read_choice(table, plan, plan_source, run)
     in_edges: dict[str, list[EdgeCost]] = {}
     out_edges: dict[str, list[EdgeCost]] = {}
     for e in costs.edges:
         in_edges.setdefault(e.dst, []).append(e)
         out_edges.setdefault(e.src, []).append(e)
+    # the groups and twins the solver had: its constraints, mode and reductions
+    allowed, pinned = constraints(
+        traced,
+        table,
+        list(run.input_placements) or None,
+        list(run.output_placements) or None,
+        run.pins or None,
+    )
+    problem = Problem(traced, table, priced, config, allowed, pinned)
+    reduction, twin = structure(problem, planned_mode(config))
     root = {v: v for v in table.nodes}
     follow: dict[str, np.ndarray] = {}
-    ilp_costs = costs
-    # The planner keeps every constrained node out of merging and tying: do the same,
-    # so the groups and twins here are the ones it solved.
-    pinned = set(resolve_pins(traced, table, run.pins))
-    keep = set(traced.inputs) | pinned | (set(traced.outputs) if run.output_placements else set())
-    if config.collapse_followers:
-        reduction = collapse_followers(table, costs, keep=keep)
-        for v, (r, mapping) in reduction.roots.items():
-            root[v], follow[v] = r, mapping
-        ilp_costs = reduction.costs
-    twin = {v: v for v in table.nodes}
-    if config.cluster_layers:
-        twin |= untie(cluster(ilp_costs).rep, pinned)
+    for v, (r, mapping) in reduction.roots.items():
+        root[v], follow[v] = r, mapping
     return Rebuilt(
         run=run,
         plan=plan,

@@ -38,7 +38,7 @@ from autoplan.recompute import checkpointed, layer_names, recompute_set
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "reserve_transient", "solve_mode"]
+__all__ = ["Problem", "planned_mode", "reserve_transient", "solve_mode", "structure"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -96,36 +96,69 @@ def solve_mode(
     done()
     base = _with_modes(base, traced, recompute, mode)
     done = timed("ilp_build")
-    reduction = (
-        collapse_followers(table, costs, keep=set(problem.allowed))
-        if config.collapse_followers
-        else Reduction.unreduced(costs)
-    )
+    reduced = _uniform(problem, mode, costs)
     done()
-    key = mode if isinstance(mode, str) else None
-    found = _solve_reduced(
-        problem,
-        _Reduced(reduction, problem.allowed, costs, _label(mode), key=key),
-        base,
-        timed,
-        reserve,
-    )
+    found = _solve_reduced(problem, reduced, base, timed, reserve)
     if not isinstance(found, tuple):
         return found
     choice, status, base = found
     return read_solution(
-        traced, table, costs, config, reduction.expand(choice), status, base, stepped=stepped
+        traced,
+        table,
+        costs,
+        config,
+        reduced.reduction.expand(choice),
+        status,
+        base,
+        stepped=stepped,
     )
 
 
-def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve: float) -> Plan:
-    """:func:`solve_mode` with the mode of each layer in the ILP, the plan read out of its
-    exact recomputation."""
-    traced, table, config = problem.traced, problem.table, problem.config
-    done = timed("recompute")
+def planned_mode(config: PlanConfig) -> str:
+    """The mode a config plans with: ``auto`` without a budget is ``none`` (recomputing
+    only adds time)."""
+    mode = config.activation_checkpointing
+    return "none" if mode == "auto" and config.memory_budget_gib is None else mode
+
+
+def structure(problem: Problem, mode: str) -> tuple[Reduction, dict[str, str]]:
+    """What :func:`solve_mode` gives the solver for ``mode`` (a config's mode): the
+    follower reduction and each node's twin (itself when untied), for ``explain`` to
+    reason about the same groups."""
+    if mode == "auto":
+        reduced = _auto(problem)
+    else:
+        recompute = recompute_set(problem.traced, mode)
+        costs, _ = checkpointed(
+            problem.traced,
+            problem.table,
+            problem.costs,
+            recompute,
+            counted=problem.config.counts_activations,
+        )
+        reduced = _uniform(problem, mode, costs)
+    twin = {v: v for v in problem.table.nodes}
+    if problem.config.cluster_layers:
+        rep = cluster(reduced.reduction.costs, rounds=reduced.tie_rounds).rep
+        twin |= untie(rep, problem.pinned)
+    return reduced.reduction, twin
+
+
+def _uniform(problem: Problem, mode: str | Mapping[str, str], costs: CostTable) -> _Reduced:
+    """One mode's reduced table: the follower reduction of its priced recomputation."""
+    reduction = (
+        collapse_followers(problem.table, costs, keep=set(problem.allowed))
+        if problem.config.collapse_followers
+        else Reduction.unreduced(costs)
+    )
+    key = mode if isinstance(mode, str) else None
+    return _Reduced(reduction, problem.allowed, costs, _label(mode), key=key)
+
+
+def _auto(problem: Problem) -> _Reduced:
+    """``auto``'s reduced table: the layers' modes in the roots' strategies."""
     reduction, space = problem.mode_space
-    done()
-    reduced = _Reduced(
+    return _Reduced(
         replace(reduction, costs=space.costs),
         space.allowed(problem.allowed),
         problem.costs,  # the plain ILP's size is counted without the modes
@@ -136,6 +169,16 @@ def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve
         tie_rounds=1,
         key="auto",
     )
+
+
+def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve: float) -> Plan:
+    """:func:`solve_mode` with the mode of each layer in the ILP, the plan read out of its
+    exact recomputation."""
+    traced, table, config = problem.traced, problem.table, problem.config
+    done = timed("recompute")
+    reduction, space = problem.mode_space
+    reduced = _auto(problem)
+    done()
     found = _solve_reduced(problem, reduced, _with_modes(base, traced, (), "auto"), timed, reserve)
     if not isinstance(found, tuple):
         return found

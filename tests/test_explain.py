@@ -218,3 +218,18 @@ def test_a_worse_choice_is_reported_as_missed(exact, tmp_path):
     assert best["strategy"] == before["strategy"]
     assert best["delta_us"] == pytest.approx(-worse["delta_us"])
     assert "missed a better plan" in format_explain(after)
+
+
+@pytest.mark.parametrize("mode", ["none", "auto"])
+def test_rebuild_reasons_about_the_groups_and_twins_the_solver_had(tmp_path, mode):
+    """explain's merged groups and twins are the solver's, with auto's layer modes too:
+    as many nodes merged into a root and tied to a twin as the plan's ILP counted."""
+    text = LLAMA.replace("n_layers: 1", "n_layers: 3")
+    sets = [f"plan.activation_checkpointing={mode}", "plan.memory_budget_gib=1"]
+    run, _, saved = _planned(tmp_path, text, sets)
+    plan = Plan.load(saved)
+    rb = rebuild(run, plan)
+    merged = sum(1 for v, r in rb.root.items() if v != r)
+    tied = sum(1 for v, r in rb.twin.items() if v != r)
+    assert plan.ilp_size["merged"] > 0 and plan.ilp_size["tied"] > 0
+    assert (merged, tied) == (plan.ilp_size["merged"], plan.ilp_size["tied"])
