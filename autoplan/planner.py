@@ -26,11 +26,12 @@ from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
-from autoplan.solve_stage import Problem, planned_mode, reserve_transient, solve_mode
+from autoplan.solve_stage import Problem, planned_mode, solve_mode
 from autoplan.strategies.dtensor import DeviceMesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import LossFn, TracedGraph, trace_joint
+from autoplan.transient import reserve_transient
 
 Progress = Callable[[str], None]
 PlacementSpec = Sequence[Any] | str

@@ -8,7 +8,7 @@ config and the placement constraints) and a checkpointing mode. Output: a
 ILP, its solve and the read-out; or an infeasible plan saying which lever would help.
 
 Why its own stage: a budget counting activations may need the plan solved again with
-room kept for the backward's transient (:func:`reserve_transient`), on the one trace,
+room kept for the backward's transient (:mod:`autoplan.transient`), on the one trace,
 strategy table and price table; the planner only sequences the stages.
 """
 
@@ -27,7 +27,6 @@ from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.ilp.build import IlpModel, build_ilp
 from autoplan.ilp.cluster import ROUNDS, cluster
-from autoplan.ilp.dual import Warm
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
@@ -35,10 +34,11 @@ from autoplan.layer_modes import ModeChoice, layer_modes, mode_boundary
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
 from autoplan.recompute import checkpointed, layer_names, recompute_set
+from autoplan.solve_messages import infeasible, min_memory, status_message, too_small
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "planned_mode", "reserve_transient", "solve_mode", "structure"]
+__all__ = ["Problem", "Timer", "planned_mode", "solve_mode", "structure"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
 
@@ -54,9 +54,9 @@ class Problem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
-    # each mode's built ILP, its tied count and where its relaxation's ascent ended, for
-    # a solve again under a smaller budget
-    built: dict[Hashable, tuple[IlpModel, int, Warm | None]] = field(
+    # each mode's solved ILP (with where its relaxation's ascent ended) and its tied
+    # count, for a solve again under a smaller budget
+    built: dict[Hashable, tuple[IlpModel, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -244,9 +244,14 @@ def _solve_reduced(
     ilp_costs = reduction.costs
     if budget is not None:
         budget -= reserve
-        need = _min_memory(ilp_costs, allowed)
+        need = min_memory(ilp_costs, allowed)
         if need > budget:
-            return _infeasible(_too_small(problem, label, ilp_costs, need, reserve), base)
+            return infeasible(
+                too_small(
+                    config, problem.traced.params, problem.allowed, label, ilp_costs, need, reserve
+                ),
+                base,
+            )
     done = timed("ilp_build")
     plain_vars, plain_cons = plain_size(reduced.plain, budget is not None)
     base["ilp_size"] = {
@@ -261,7 +266,7 @@ def _solve_reduced(
         model_ilp, tied = _built(problem, reduced, budget)
     except InfeasibleError as err:
         done()
-        return _infeasible(f"infeasible: {err}; relax the placement constraints.", base)
+        return infeasible(f"infeasible: {err}; relax the placement constraints.", base)
     done()
     base["ilp_size"]["tied"] = tied
     base["ilp_size"] |= {
@@ -280,13 +285,12 @@ def _solve_reduced(
         untie=config.untie_under_budget,
     )
     done()
-    kept = problem.built.get(reduced.key)
-    if kept is not None and kept[2] is None:
-        problem.built[reduced.key] = (kept[0], kept[1], solution.warm)
+    if reduced.key is not None:
+        problem.built[reduced.key] = (replace(model_ilp, warm=solution.warm), tied)
     if split:
         base["ilp_size"]["untied"] = split
     if solution.status == "infeasible":
-        return _infeasible(
+        return infeasible(
             "infeasible: the solver found no plan meeting the placement constraints "
             "and memory_budget_gib together; relax one of them.",
             base,
@@ -297,7 +301,7 @@ def _solve_reduced(
             "found any plan (no plan could be read off the bound, and the LP relaxation "
             "and the MIP ran out of time); raise plan.time_limit_s."
         )
-    base["message"] = _status_message(solution, split, config)
+    base["message"] = status_message(solution, split, config)
     if math.isfinite(solution.bound_us):
         base["bound_us"] = float(solution.bound_us)
     return solution.choice, solution.status, base
@@ -309,7 +313,7 @@ def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[I
     (:meth:`~autoplan.ilp.build.IlpModel.with_budget`) when it can be, else built."""
     kept = problem.built.get(reduced.key) if reduced.key is not None else None
     if kept is not None and budget is not None:
-        moved = kept[0].with_budget(budget, warm=kept[2])
+        moved = kept[0].with_budget(budget)
         if moved is not None:
             return moved, kept[1]
     config, ilp_costs = problem.config, reduced.reduction.costs
@@ -323,54 +327,7 @@ def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[I
         edge_keys=clustering.edge_keys if clustering is not None else None,
         prune=config.prune_dominated,
     )
-    tied = sum(1 for v, r in (tie or {}).items() if v != r)
-    if reduced.key is not None:
-        problem.built[reduced.key] = (model_ilp, tied, None)
-    return model_ilp, tied
-
-
-def reserve_transient(
-    problem: Problem, plan: Plan, mode: str, base: dict[str, Any], timed: Timer, rounds: int = 2
-) -> Plan:
-    """``plan`` when the budget does not count activations or its peak (the memory the
-    budget caps plus the backward's transient peak) is within the budget. Otherwise its
-    mode solved again with the budget less its transient, up to ``rounds`` times
-    (another plan has another transient; with ``auto`` the ILP chooses the layers' modes
-    again), until a plan's peak fits. When none does, ``plan``, its message saying by
-    how much its peak is over."""
-    budget = problem.config.memory_budget_bytes
-    if budget is None or not problem.config.counts_activations or plan.status == "infeasible":
-        return plan
-    if _peak(plan) <= budget:
-        return plan
-    retry, reserve = plan, 0.0
-    for _ in range(rounds):
-        reserve = max(reserve, retry.memory_breakdown["transient"])
-        retry = solve_mode(problem, mode, base, timed, reserve=reserve)
-        if retry.status == "infeasible":
-            break
-        if _peak(retry) <= budget:
-            note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
-            return replace(retry, message=" ".join(filter(None, (retry.message, note))))
-    over = (_peak(plan) - budget) / 2**30
-    return replace(
-        plan,
-        message=" ".join(
-            filter(
-                None,
-                (
-                    plan.message,
-                    f"Its peak with the backward's transient, {_peak(plan) / 2**30:.4g} GiB, "
-                    f"is {over:.4g} GiB over memory_budget_gib: no plan found leaves room for "
-                    "the transient; raise the budget a little or recompute more.",
-                ),
-            )
-        ),
-    )
-
-
-def _peak(plan: Plan) -> float:
-    return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0)
+    return model_ilp, sum(1 for v, r in (tie or {}).items() if v != r)
 
 
 def _label(mode: str | Mapping[str, str]) -> str:
@@ -378,78 +335,3 @@ def _label(mode: str | Mapping[str, str]) -> str:
     if isinstance(mode, Mapping):
         return "+".join(sorted(set(mode.values())))
     return mode
-
-
-def _status_message(solution: Any, split: int, config: PlanConfig) -> str:
-    if solution.status == "time_limit" and solution.proof_budget_s is not None:
-        return (
-            "time_limit: after the untie stage (layers under the memory budget), the MIP "
-            f"over tied plans had {solution.proof_budget_s:.3g} s and stopped before proving "
-            f"that none beats this plan; it is at most {solution.gap:.3%} above any tied "
-            "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
-            "plan.time_limit_s."
-        )
-    if solution.status == "optimal" and split:
-        return (
-            f"optimal among tied plans: {split} twin class{'es are' if split > 1 else ' is'} "
-            "split under the memory budget (plan.untie_under_budget), and the MIP over tied "
-            "plans proved that none beats this plan; other splits were searched, not proved. "
-            "Set plan.untie_under_budget: false for the tied optimum alone."
-        )
-    if solution.status == "time_limit":
-        gap = solution.gap
-        return (
-            f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "
-            "proving this plan optimal"
-            + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
-            + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
-        )
-    return ""
-
-
-def _min_memory(costs: CostTable, allowed: dict[str, np.ndarray]) -> float:
-    total = 0.0
-    for p, mem in costs.memory.items():
-        ok = allowed.get(p, np.ones(len(mem), dtype=bool))
-        total += float(mem[ok].min())
-    return total
-
-
-def _too_small(problem: Problem, mode: str, costs: CostTable, need: float, reserve: float) -> str:
-    """The infeasible message: the smallest footprint, its parts, and the levers left."""
-    config = problem.config
-    states = _min_memory(
-        replace(
-            costs, memory={p: costs.memory[p] for p in problem.traced.params if p in costs.memory}
-        ),
-        problem.allowed,
-    )
-    levers = ["raise the budget", "use a larger mesh"]
-    held = f" and {reserve / 2**30:.4g} GiB for the backward's transient peak" if reserve else ""
-    parts = "parameters + gradients + optimizer state"
-    if problem.config.counts_activations:
-        parts += (
-            f" ({states / 2**30:.4g} GiB) + saved activations ({(need - states) / 2**30:.4g} GiB)"
-        )
-        if mode not in ("full", "auto"):  # auto's smallest footprint recomputes in full
-            levers.append("recompute more (activation_checkpointing: full)")
-        levers.append("shorten the sequence or the batch")
-    return (
-        f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the smallest "
-        f"footprint any plan has on this mesh, {need / 2**30:.6g} GiB ({need:.0f} bytes) of "
-        f"{parts} per device{held}, {(need + reserve - config.memory_budget_bytes) / 2**30:.4g} "
-        f"GiB over (checkpointing: {mode}"
-        + (", any mode per layer" if mode == "auto" else "")
-        + f"); {', '.join(levers[:-1])} or {levers[-1]}."
-    )
-
-
-def _infeasible(message: str, base: dict[str, Any]) -> Plan:
-    return Plan(
-        status="infeasible",
-        objective_us=math.nan,
-        compute_us=math.nan,
-        comm_us=math.nan,
-        message=message,
-        **base,
-    )

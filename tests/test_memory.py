@@ -132,7 +132,7 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
     monkeypatch.setattr(solve_stage, "build_ilp", lambda *a, **k: built.append(1) or build(*a, **k))
     reused = _plan((4,), memory_budget_gib=budget, activation_memory=True)
     assert "The budget kept" in reused.message and len(built) == 1
-    monkeypatch.setattr(IlpModel, "with_budget", lambda self, budget, warm=None: None)
+    monkeypatch.setattr(IlpModel, "with_budget", lambda self, budget: None)
     again = _plan((4,), memory_budget_gib=budget, activation_memory=True)
     assert len(built) == 3
     assert reused.objective_us == again.objective_us

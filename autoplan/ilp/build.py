@@ -77,7 +77,7 @@ class IlpModel:
     reduced: Problem
     allowed: dict[str, np.ndarray]
     stats: dict[str, int] = field(default_factory=dict)
-    warm: Warm | None = None  # an ascent on this ILP under another budget (relax starts there)
+    warm: Warm | None = None  # where an ascent on this ILP ended (relax starts there)
 
     @property
     def num_variables(self) -> int:
@@ -91,13 +91,13 @@ class IlpModel:
     def infeasible(self) -> str:
         return self.emitted.infeasible
 
-    def with_budget(self, budget: float, warm: Warm | None = None) -> IlpModel | None:
+    def with_budget(self, budget: float) -> IlpModel | None:
         """This ILP under a smaller memory budget, when only its memory row's bound moves:
         the row caps the same columns less by the difference, and what the reductions
         removed does not depend on the budget's value (pruning compares memory whenever a
         budget is set). None when the row is absent (every plan fit) or can no longer
-        hold: build again, for the row or the message. ``warm``: the state the dual
-        ascent of a solve of this ILP ended in, for the relaxation to start from."""
+        hold: build again, for the row or the message. ``warm`` comes along: any
+        messages bound every budget."""
         m, p = self.emitted.matrix, self.reduced
         rows = np.flatnonzero(np.isneginf(m.row_lower))  # the one row with no lower bound
         if p.budget is None or budget > p.budget or len(rows) != 1:
@@ -111,7 +111,6 @@ class IlpModel:
             self,
             emitted=replace(self.emitted, matrix=matrix),
             reduced=replace(p, budget=budget),
-            warm=warm,
         )
 
 

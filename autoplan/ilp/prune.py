@@ -81,10 +81,10 @@ def _dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         return _dominated(f)
     rows = [np.flatnonzero(block == b) for b in blocks]
     finite = [np.isfinite(f[r]) for r in rows]
-    never = [fin.any(axis=0) for fin in finite]  # a column some row has finite...
-    always = [fin.all(axis=0) for fin in finite]  # ...or every row has
+    some = [fin.any(axis=0) for fin in finite]  # columns some row of a block has finite
+    every = [fin.all(axis=0) for fin in finite]  # columns every row of a block has finite
     for lower, upper in itertools.permutations(range(len(rows)), 2):
-        if not (always[upper] & ~never[lower]).any():
+        if not (every[upper] & ~some[lower]).any():
             return _dominated(f)
     out = np.zeros(len(f), dtype=bool)
     for r in rows:

@@ -198,20 +198,6 @@ def solve_untying(
             model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, fixing=False
         ), 0
     relaxed = relax(model, solver=solver, time_limit_s=time_limit_s)
-    solution, split = _solved(costs, model, relaxed, solver, time_limit_s, mip_gap, untie)
-    return replace(solution, warm=relaxed.warm), split
-
-
-def _solved(
-    costs: CostTable,
-    model: IlpModel,
-    relaxed: Relaxation,
-    solver: str,
-    time_limit_s: float | None,
-    mip_gap: float,
-    untie: bool,
-) -> tuple[Solution, int]:
-    """:func:`solve_untying` after the relaxation."""
     untied = None
     left = time_limit_s
     budget = None  # the proof's own limit, when it is below the user's
@@ -233,6 +219,7 @@ def _solved(
         relaxed=relaxed,
         cutoff=untied.objective_us if untied is not None else math.inf,
     )
+    tied = replace(tied, warm=relaxed.warm)  # every plan returned below is made from it
     if untied is None:
         return tied, 0
     seconds = tied.solve_seconds + untied.seconds
