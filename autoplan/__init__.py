@@ -2,6 +2,7 @@
 
 Public API: :func:`plan` finds a sharding plan for a model over a device
 mesh; :class:`Plan` holds it; :class:`PlanConfig` configures planning;
+every mistake in user input raises :class:`PlanError` (a ``ValueError``);
 :func:`fake_mesh` makes a planning mesh of any size on one CPU;
 :func:`parallelize` turns a model into one that runs a plan on a real mesh, fed by
 :func:`shard_inputs`; :mod:`autoplan.checkpoint` saves and loads it under any plan.
@@ -11,6 +12,7 @@ from autoplan import checkpoint
 from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Device, Topology
+from autoplan.errors import PlanError
 from autoplan.mesh import fake_mesh
 from autoplan.plan import Plan
 from autoplan.planner import plan
@@ -19,6 +21,7 @@ __all__ = [
     "Device",
     "Plan",
     "PlanConfig",
+    "PlanError",
     "Topology",
     "checkpoint",
     "fake_mesh",

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
+from autoplan.errors import PlanError
 from autoplan.execute import flatten_mesh_groups
 from autoplan.inputs import InputKey, call_form, flatten_inputs, label
 from autoplan.placements import Placements, fmt, parse
@@ -90,12 +91,12 @@ def parallelize(
     parameter is placed ``Partial`` or ``_StridedShard``.
     """
     if plan.status == "infeasible":
-        raise ValueError(
+        raise PlanError(
             f"the plan is infeasible, it places nothing: {plan.message or 'no plan fits'} "
             "Plan again with what the message suggests, then apply that plan."
         )
     if tuple(mesh.shape) != tuple(plan.mesh_shape):
-        raise ValueError(
+        raise PlanError(
             f"mesh shape {tuple(mesh.shape)} does not match the plan's mesh_shape "
             f"{tuple(plan.mesh_shape)} (axes {plan.axis_names}); build the mesh with "
             f"init_device_mesh(device, {tuple(plan.mesh_shape)}, mesh_dim_names={plan.axis_names}) "
@@ -128,7 +129,7 @@ def parallelize(
     if isinstance(bucket_mib, bool) or not (
         isinstance(bucket_mib, (int, float)) and 0 <= bucket_mib < float("inf")
     ):
-        raise ValueError(
+        raise PlanError(
             f"bucket_mib={bucket_mib!r}: give a size in MiB >= 0 (0 turns bucketing off)."
         )
     state = PlannedState(
@@ -155,7 +156,7 @@ def _refuse_unfilled_buffers(model: nn.Module) -> None:
     ]
     if names:
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        raise ValueError(
+        raise PlanError(
             f"{type(model).__name__} is on the meta device and has non-persistent buffers "
             f"({shown}) that no state dict holds: pass init_fn= to parallelize to compute "
             "them (e.g. the model's own buffer or weight initializer), then load the weights."
@@ -170,14 +171,14 @@ def _param_placements(model: nn.Module, plan: Plan, num_axes: int) -> dict[str, 
             if not param.requires_grad:
                 out[fqn] = (Replicate(),) * num_axes
                 continue
-            raise ValueError(
+            raise PlanError(
                 f"parameter {fqn!r} (shape {tuple(param.shape)}) is not in the plan; the plan has "
                 f"{len(plan.param_placements)} parameters. Plan this exact model "
                 "(same module structure and parameter names) and apply that plan."
             )
         want = plan.param_shapes.get(fqn)
         if want is not None and tuple(want) != tuple(param.shape):
-            raise ValueError(
+            raise PlanError(
                 f"parameter {fqn!r} has shape {tuple(param.shape)} but the plan was made for "
                 f"shape {tuple(want)}; plan the model with the same dimensions."
             )
@@ -228,13 +229,13 @@ def shard_inputs(
     elif isinstance(placements, Mapping):
         absent = [k for k in keys if k not in placements]
         if absent:
-            raise ValueError(
+            raise PlanError(
                 f"shard_inputs: placements has no entry for input {absent[0]!r}; give one "
                 "per key of the batch."
             )
         placements = [placements[k] for k in keys]
     if len(tensors) != len(placements):
-        raise ValueError(
+        raise PlanError(
             f"shard_inputs got {len(tensors)} inputs but {len(placements)} placements; "
             "give one placement per input, as in plan(..., input_placements=...)."
         )
@@ -242,7 +243,7 @@ def shard_inputs(
     for key, t, spec in zip(keys, tensors, placements, strict=True):
         where = parse(spec, mesh.ndim) if isinstance(spec, str) else tuple(spec)
         if len(where) != mesh.ndim:
-            raise ValueError(
+            raise PlanError(
                 f"the placement of {label(key)}, {fmt(where)}, has {len(where)} entries; the "
                 f"mesh has {mesh.ndim} axes. Give one placement per mesh axis."
             )
@@ -256,7 +257,7 @@ def _keyed_placements(plan: Plan, keys: Sequence[InputKey]) -> list[Placements]:
     planned = plan.input_keys or tuple(range(len(input_placements(plan))))
     by_key = dict(zip(planned, input_placements(plan), strict=True))
     if set(keys) != set(planned):
-        raise ValueError(
+        raise PlanError(
             f"shard_inputs: the batch has inputs {_keys(keys)} but the plan was made for "
             f"{_keys(planned)}; pass a batch of the form input_fn returned when planning."
         )

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from autoplan.errors import PlanError
 from autoplan.job import in_fake_group
 
 __all__ = ["CheckpointMismatch", "load", "save"]
@@ -36,7 +37,7 @@ __all__ = ["CheckpointMismatch", "load", "save"]
 _MODEL, _OPTIM, _EXTRA = "model", "optim", "extra"
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(PlanError):
     """A checkpoint that does not fit the model (or optimizer) it is loaded into."""
 
 

@@ -1,7 +1,9 @@
 """The ``autoplan`` command: plan, compare and price collectives from a terminal.
 
-Input: argv. Output: text (or JSON) on stdout; exit code 0 success, 1 no plan
-could be made (infeasible), 2 bad input.
+Input: argv. Output: text (or JSON) on stdout, one-line errors on stderr. Exit
+codes: 0 success, 1 no plan fits (infeasible), 2 bad input (a :class:`PlanError`
+or a usage error), 3 an internal error (``--debug`` shows its traceback), 130
+interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
     autoplan plan CONFIG.yaml [--out plan.json] [--json] [--quiet] [--mm-mode M] [--set k=v]
     autoplan compare CONFIG.yaml [--json] [--out DIR_OR_FILE] [--set k=v]
@@ -18,14 +20,18 @@ import contextlib
 import dataclasses
 import json
 import math
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from autoplan.compare import compare, format_compare, write_compare
 from autoplan.cost.collectives import collective_table
 from autoplan.diff import diff_plans, format_diff
+from autoplan.errors import Interrupted, PlanError
 from autoplan.explain import explain, format_explain
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt, is_even
@@ -33,7 +39,11 @@ from autoplan.plan import Plan
 from autoplan.planner import plan
 from autoplan.progress import PhaseProgress
 from autoplan.rebuild import rebuild
-from autoplan.runfile import Run, RunFileError, load_run, load_topology
+from autoplan.runfile import Run, load_run, load_topology
+
+EXIT_INFEASIBLE = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
 
 
 def run_plan(run: Run, *, quiet: bool = False) -> Plan:
@@ -65,7 +75,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(result.to_json(timings=True) if args.json else result.summary())
     if args.out and not args.json:
         print(f"plan written to {args.out}")
-    return 1 if result.status == "infeasible" else 0
+    return EXIT_INFEASIBLE if result.status == "infeasible" else 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -78,7 +88,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         json_path, png_path = write_compare(result, args.out, title)
         print(f"comparison written to {json_path}, chart to {png_path}", file=sys.stderr)
     statuses = [result[m]["status"] for m in ("einsum", "native")]
-    return 1 if "infeasible" in statuses else 0
+    return EXIT_INFEASIBLE if "infeasible" in statuses else 0
 
 
 def _cmd_collectives(args: argparse.Namespace) -> int:
@@ -100,13 +110,13 @@ def _load_plan(path: str) -> Plan:
     try:
         return Plan.load(path)
     except FileNotFoundError as exc:
-        raise ValueError(f"{path}: no such plan file") from exc
+        raise PlanError(f"{path}: no such plan file") from exc
     except ValueError as exc:
         if path in str(exc):
             raise
-        raise ValueError(f"{path}: not a usable plan ({exc})") from exc
+        raise PlanError(f"{path}: not a usable plan ({exc})") from exc
     except (OSError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a plan JSON file ({exc!r})") from exc
+        raise PlanError(f"{path}: not a plan JSON file ({exc!r})") from exc
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
@@ -119,7 +129,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     saved = _load_plan(args.plan)
     run = load_run(args.config, args.set)
     if args.top < 1:
-        raise ValueError(f"--top ({args.top}) must be at least 1.")
+        raise PlanError(f"--top ({args.top}) must be at least 1.")
     result = explain(rebuild(run, saved, plan_source=args.plan), args.name, top=args.top)
     print(json.dumps(result, indent=1) if args.json else format_explain(result))
     return 0
@@ -135,7 +145,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         shape = tuple(run.input_fn()().shape)
     for i, p in enumerate(run.input_placements):
         if not is_even(shape, p, run.mesh_shape):
-            raise ValueError(
+            raise PlanError(
                 f"{run.source}: inputs.placements[{i}] = {fmt(p)} does not divide input {i} of "
                 f"shape {list(shape)} evenly on mesh {mesh}; make each sharded dim a multiple of "
                 "the mesh axes that shard it, or replicate it (R)."
@@ -143,7 +153,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     params = {n: tuple(p.shape) for n, p in model.named_parameters()}
     for name, p in run.pins.items():
         if name in params and not is_even(params[name], p, run.mesh_shape):
-            raise ValueError(
+            raise PlanError(
                 f"{run.source}: constraints.pin.{name} = {fmt(p)} does not divide the "
                 f"parameter's shape {list(params[name])} evenly on mesh {mesh}; pin a "
                 "placement whose sharded dims are multiples of the mesh axes sharding them."
@@ -171,11 +181,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    debug = "on an internal error, print its traceback"
     p = argparse.ArgumentParser(
         prog="autoplan", description="ILP auto-parallel planner for PyTorch."
     )
+    p.add_argument("--debug", action="store_true", help=debug)
+    # Accepted after the command too; SUPPRESS keeps a subcommand from resetting it to False.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug)
     sub = p.add_subparsers(dest="command", required=True)
-    pp = sub.add_parser("plan", help="plan a run file and print the plan")
+
+    def command(name: str, about: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=about)
+
+    pp = command("plan", "plan a run file and print the plan")
     pp.add_argument("config")
     pp.add_argument("--out", help="write the plan JSON here")
     pp.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -183,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--mm-mode", choices=("einsum", "native"), help="override plan.mm_mode")
     pp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pp.set_defaults(func=_cmd_plan)
-    pc = sub.add_parser("compare", help="plan in both mm modes and compare side by side")
+    pc = command("compare", "plan in both mm modes and compare side by side")
     pc.add_argument("config")
     pc.add_argument("--json", action="store_true")
     pc.add_argument(
@@ -191,23 +210,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pc.set_defaults(func=_cmd_compare)
-    pk = sub.add_parser("collectives", help="predicted collective times and bus bandwidth")
+    pk = command("collectives", "predicted collective times and bus bandwidth")
     pk.add_argument("--topology", default="h100", help="preset name or topology YAML")
     pk.add_argument("--json", action="store_true")
     pk.set_defaults(func=_cmd_collectives)
-    pd = sub.add_parser("diff", help="compare two saved plans: cost deltas and changed placements")
+    pd = command("diff", "compare two saved plans: cost deltas and changed placements")
     pd.add_argument("a", metavar="A.json")
     pd.add_argument("b", metavar="B.json")
     pd.add_argument("--json", action="store_true")
     pd.set_defaults(func=_cmd_diff)
-    pv = sub.add_parser(
-        "validate", help="check a run file, its mesh and input placements; no solve"
-    )
+    pv = command("validate", "check a run file, its mesh and input placements; no solve")
     pv.add_argument("config")
     pv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pv.set_defaults(func=_cmd_validate)
-    pe = sub.add_parser(
-        "explain", help="why a node or parameter got its strategy: cost and next best alternatives"
+    pe = command(
+        "explain", "why a node or parameter got its strategy: cost and next best alternatives"
     )
     pe.add_argument("plan", metavar="PLAN.json")
     pe.add_argument("name", metavar="NODE|PARAM", help="graph node name or parameter FQN")
@@ -220,15 +237,51 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit code says how it ended (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
-        return int(args.func(args))
-    except RunFileError as exc:
+        with _signals_as_exceptions():
+            return int(args.func(args))
+    except PlanError as exc:
         print(f"autoplan: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"autoplan: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("autoplan: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Interrupted as exc:
+        print(f"autoplan: stopped by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
+    except Exception as exc:  # a defect: one line by default, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(
+            f"autoplan: internal error: {type(exc).__name__}: {first}"
+            + ("" if args.debug else " (rerun with --debug for the traceback)"),
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+@contextlib.contextmanager
+def _signals_as_exceptions() -> Iterator[None]:
+    """While a command runs, SIGTERM and SIGHUP raise :class:`Interrupted` so every ``with``
+    and ``finally`` on the way out runs (solver children stopped, temporary files removed);
+    the previous handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    caught = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {s: signal.signal(s, raise_interrupted) for s in caught}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autoplan.cost.topology import Topology
+from autoplan.errors import PlanError
 from autoplan.ilp.solve import SOLVERS
 
 MM_MODES = ("einsum", "native")
@@ -90,23 +91,23 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         if self.mm_mode not in MM_MODES:
-            raise ValueError(f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}.")
+            raise PlanError(f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}.")
         if self.memory_budget_gib is not None and (
             isinstance(self.memory_budget_gib, bool)
             or not isinstance(self.memory_budget_gib, (int, float))
             or self.memory_budget_gib <= 0
         ):
-            raise ValueError(
+            raise PlanError(
                 f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
                 "of GiB, or None for no limit."
             )
         if self.activation_checkpointing not in (*CHECKPOINT_MODES, "auto"):
-            raise ValueError(
+            raise PlanError(
                 f"activation_checkpointing ({self.activation_checkpointing!r}) must be one of "
                 f"{', '.join(CHECKPOINT_MODES)} or auto."
             )
         if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
-            raise ValueError(
+            raise PlanError(
                 f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
             )
         if (
@@ -114,23 +115,23 @@ class PlanConfig:
             or not isinstance(self.bucket_mib, (int, float))
             or not 0 <= self.bucket_mib < float("inf")
         ):
-            raise ValueError(
+            raise PlanError(
                 f"bucket_mib ({self.bucket_mib!r}) must be a number of MiB >= 0 (0: no buckets)."
             )
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
-                raise ValueError(f"{name} ({value!r}) must be one of {', '.join(DTYPES)}, or None.")
+                raise PlanError(f"{name} ({value!r}) must be one of {', '.join(DTYPES)}, or None.")
         if self.solver not in SOLVERS:
-            raise ValueError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
+            raise PlanError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
         if self.time_limit_s is not None and (
             not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0
         ):
-            raise ValueError(
+            raise PlanError(
                 f"time_limit_s ({self.time_limit_s!r}) must be a positive number of seconds."
             )
         if not isinstance(self.mip_gap, (int, float)) or not 0 <= self.mip_gap < 1:
-            raise ValueError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
+            raise PlanError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
         for name in (
             "collapse_followers",
             "cluster_layers",
@@ -140,9 +141,9 @@ class PlanConfig:
             "routes",
         ):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} ({getattr(self, name)!r}) must be true or false.")
+                raise PlanError(f"{name} ({getattr(self, name)!r}) must be true or false.")
         if not isinstance(self.topology, Topology):
-            raise ValueError(f"topology ({self.topology!r}) must be an autoplan Topology.")
+            raise PlanError(f"topology ({self.topology!r}) must be an autoplan Topology.")
 
     @property
     def param_torch_dtype(self) -> torch.dtype | None:

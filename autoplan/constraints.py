@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt, parse
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
@@ -33,10 +34,10 @@ def _placements(spec: PinSpec, num_axes: int, where: str) -> Placements:
         if isinstance(spec, str):
             return parse(spec, num_axes)
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+        raise PlanError(f"{where}: {exc}") from exc
     placements = tuple(spec)
     if len(placements) != num_axes:
-        raise ValueError(
+        raise PlanError(
             f"{where} = {fmt(placements)} has {len(placements)} entries; "
             f"the mesh has {num_axes} axes, give one placement per axis."
         )
@@ -51,7 +52,7 @@ def _node_of(name: str, traced: TracedGraph, table: StrategyTable) -> str:
         return name
     close = difflib.get_close_matches(name, [*params, *table.nodes], n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
-    raise ValueError(
+    raise PlanError(
         f"pins: {name!r} is neither a parameter (FQN, e.g. {traced.param_fqns[0]!r}) nor a "
         f"node of the traced graph{hint}. `autoplan plan --json` lists the nodes."
     )
@@ -72,7 +73,7 @@ def resolve_pins(
         if not mask.any():
             shape = list(ns.out_tensors[0].shape) if ns.out_tensors[0] else "?"
             offered = sorted({fmt(s.outs[0]) for s in ns.strategies if s.outs[0] is not None})
-            raise ValueError(
+            raise PlanError(
                 f"{where} = {fmt(want)} is not a placement node {node} (shape {shape}) can take "
                 f"on mesh {table.mesh_shape}; it can take: {', '.join(offered)}."
             )

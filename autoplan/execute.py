@@ -36,6 +36,7 @@ from torch import fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
+from autoplan.errors import PlanError
 from autoplan.graph import map_args, source_name, tensor_args
 from autoplan.placements import Placements, fmt, is_strided, parse, plain
 from autoplan.plan import Plan
@@ -165,7 +166,7 @@ class PlannedGraph:
             )
             self._steps.append(_Step(node, ins, outs, via, local))
         if missing or wrong_op:
-            raise ValueError(
+            raise PlanError(
                 f"the plan does not fit this model's graph: {len(missing)} nodes have no planned "
                 f"placement (first: {missing[:3]}) and {len(wrong_op)} differ in op (first: "
                 f"{wrong_op[:3]}). Plan this exact model, mm_mode and input shapes, then apply "

@@ -29,6 +29,7 @@ import numpy as np
 
 from autoplan.constraints import resolve_pins
 from autoplan.cost.price import GRAD_SLOT, EdgeCost
+from autoplan.errors import PlanError
 from autoplan.placements import fmt
 from autoplan.rebuild import Rebuilt
 from autoplan.strategies.table import NodeStrategies, Strategy
@@ -53,7 +54,7 @@ def resolve(rb: Rebuilt, name: str) -> tuple[str, str | None]:
         return name, fqn_of.get(name)
     close = difflib.get_close_matches(name, list(by_fqn) + list(rb.table.nodes), n=5, cutoff=0.6)
     hint = f"close matches: {', '.join(close)}" if close else "no close match"
-    raise ValueError(
+    raise PlanError(
         f"{name!r} is neither a parameter nor a graph node of {rb.run.source} ({hint}); "
         "give a parameter FQN such as layers.0.attention.wq.weight or a node name from the "
         "plan JSON's node_placements."

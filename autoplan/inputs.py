@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from autoplan.errors import PlanError
+
 __all__ = ["InputKey", "call_form", "flatten_inputs", "label", "match_call"]
 
 InputKey = int | str  # a positional input's index, or a keyword input's name
@@ -46,13 +48,13 @@ def flatten_inputs(
     if isinstance(value, Mapping):
         for k, x in value.items():
             if not isinstance(k, str) or not k.isidentifier():
-                raise ValueError(
+                raise PlanError(
                     f"{what} has a dict with key {k!r}: keys are the forward's keyword "
                     "argument names (strings such as 'input_ids')."
                 )
             _check_tensor(x, k, what)
         return tuple(value), tuple(value.values())
-    raise ValueError(
+    raise PlanError(
         f"{what} must be a tensor, a tuple of tensors or a dict of keyword tensors, "
         f"got {type(value).__name__}; wrap the model if it takes other arguments."
     )
@@ -60,7 +62,7 @@ def flatten_inputs(
 
 def _check_tensor(x: Any, key: InputKey, what: str) -> None:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(
+        raise PlanError(
             f"{what}: {label(key)} is a {type(x).__name__}, not a tensor: the inputs a "
             "plan places are tensors. Fix other arguments in the model (a wrapper module or "
             "its config) and leave them out of input_fn."

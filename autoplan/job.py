@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from autoplan.errors import PlanError
 from autoplan.plan import Plan
 
 __all__ = ["in_fake_group", "plan_on_one_rank"]
@@ -33,16 +34,16 @@ def plan_on_one_rank(make: Callable[[], Plan], mesh: DeviceMesh, src: int) -> Pl
     if in_fake_group():  # a planning mesh: this process is the only one
         return make()
     if not dist.is_initialized():
-        raise ValueError(
+        raise PlanError(
             f"broadcast_from={src} sends the plan over the job's process group, and none is "
             "initialized: call torch.distributed.init_process_group first (torchrun sets its "
             "environment), or leave broadcast_from out to plan on this process alone."
         )
     world = dist.get_world_size()
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < world:
-        raise ValueError(f"broadcast_from={src!r} must be a rank of the job, 0 to {world - 1}.")
+        raise PlanError(f"broadcast_from={src!r} must be a rank of the job, 0 to {world - 1}.")
     if mesh.size() != world:
-        raise ValueError(
+        raise PlanError(
             f"broadcast_from={src} needs the mesh to span every rank of the job: the mesh "
             f"{tuple(mesh.shape)} has {mesh.size()} ranks, the job {world}. Plan on a mesh of "
             "the whole job, or leave broadcast_from out and plan on every rank."

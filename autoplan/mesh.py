@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from autoplan.errors import PlanError
 from autoplan.strategies.dtensor import init_fake_process_group
 
 
@@ -25,14 +26,14 @@ def fake_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
     shape = tuple(shape)
     names = tuple(names)
     if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape):
-        raise ValueError(
+        raise PlanError(
             f"mesh shape {shape!r} must be a non-empty tuple of positive ints, e.g. (8, 8)."
         )
     if len(names) != len(shape):
-        raise ValueError(
+        raise PlanError(
             f"mesh names {names!r} must give one name per axis of shape {shape!r}, e.g. ('dp', 'tp')."
         )
     if len(set(names)) != len(names):
-        raise ValueError(f"mesh names {names!r} must be distinct.")
+        raise PlanError(f"mesh names {names!r} must be distinct.")
     init_fake_process_group(math.prod(shape))
     return init_device_mesh("cpu", shape, mesh_dim_names=names)

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 
+from autoplan.errors import PlanError
 from autoplan.strategies.dtensor import Partial, Placement, Replicate, Shard, _StridedShard
 
 Placements = tuple[Placement, ...]
@@ -96,7 +97,7 @@ def parse(text: str, num_axes: int | None = None) -> Placements:
             break
         m = _TOKEN.match(cleaned, pos)
         if m is None:
-            raise ValueError(
+            raise PlanError(
                 f"placement {text!r} does not parse at {cleaned[pos:]!r}; "
                 "allowed per mesh axis: S(d), _S(d,split_factor), R, P"
             )
@@ -111,9 +112,9 @@ def parse(text: str, num_axes: int | None = None) -> Placements:
             out.append(Partial())
         pos = m.end()
     if not out:
-        raise ValueError(f"placement {text!r} is empty; write one of S(d), R, P per mesh axis")
+        raise PlanError(f"placement {text!r} is empty; write one of S(d), R, P per mesh axis")
     if num_axes is not None and len(out) != num_axes:
-        raise ValueError(
+        raise PlanError(
             f"placement {text!r} has {len(out)} entries but the mesh has {num_axes} axes; "
             "give one placement per mesh axis"
         )

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt, parse
 
 STATUSES = ("optimal", "time_limit", "infeasible")
@@ -88,7 +89,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"Plan.status ({self.status!r}) must be one of {', '.join(STATUSES)}.")
+            raise PlanError(f"Plan.status ({self.status!r}) must be one of {', '.join(STATUSES)}.")
 
     def collective_counts(self, *, bucketed: bool = True) -> dict[str, int]:
         """Collectives per kind one step runs: merged as ``buckets`` says, or one per
@@ -154,11 +155,11 @@ class Plan:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}: not a plan JSON file ({exc})") from exc
+            raise PlanError(f"{source}: not a plan JSON file ({exc})") from exc
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"{source}: unknown plan keys {sorted(unknown)}")
+            raise PlanError(f"{source}: unknown plan keys {sorted(unknown)}")
         d.setdefault("timings", {})  # saved plans leave them out
         n = len(d["mesh_shape"])
         d["param_placements"] = {k: parse(v, n) for k, v in d["param_placements"].items()}

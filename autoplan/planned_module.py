@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.config import DTYPES
 from autoplan.cost.price import arrival
+from autoplan.errors import PlanError
 from autoplan.execute import PlannedGraph, op_name
 from autoplan.graph import fingerprint
 from autoplan.inputs import InputKey, call_form, label, match_call
@@ -77,7 +78,7 @@ class PlannedState:
         for key, x, want, shape in zip(self.keys, values, self.placements, planned, strict=True):
             out.append(self._placed(key, x, want))
             if shape is not None and tuple(out[-1].shape) != tuple(shape):
-                raise ValueError(
+                raise PlanError(
                     f"{label(key)} has global shape {tuple(out[-1].shape)} (placed {fmt(want)} "
                     f"on mesh {tuple(self.mesh.shape)}) but the plan was made for "
                     f"{tuple(shape)}; pass each rank's shard of a batch of the planned shape, "
@@ -147,7 +148,7 @@ def check_fits(traced: TracedGraph, plan: Plan, *, training: bool = True) -> Non
     if not plan.graph_fingerprint or fingerprint(traced.gm) == plan.graph_fingerprint:
         return
     if traced.loss_name != plan.loss_fn:
-        raise ValueError(
+        raise PlanError(
             f"the plan was made with loss_fn={plan.loss_fn} but the model is being run with "
             f"loss_fn={traced.loss_name}: its graph differs from the planned one. Pass the "
             "plan's loss to parallelize(..., loss_fn=...) (none: the output is returned), or "
@@ -159,7 +160,7 @@ def check_fits(traced: TracedGraph, plan: Plan, *, training: bool = True) -> Non
         else " The model is in eval mode and computes otherwise than in training mode, "
         "in which it was planned: evaluate it in training mode under torch.no_grad()."
     )
-    raise ValueError(
+    raise PlanError(
         f"the plan does not fit this model's graph: {_first_difference(traced, plan)}. Plan "
         "this exact model (same loss_fn, mm_mode, param_dtype and input shapes and dtypes) "
         f"and apply that plan.{mode}"

@@ -21,6 +21,7 @@ from torch.distributed.tensor import Placement
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins
 from autoplan.cost.price import price
+from autoplan.errors import PlanError
 from autoplan.graph import fingerprint
 from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
@@ -44,7 +45,7 @@ def _as_placements(spec: PlacementSpec, num_axes: int, what: str) -> Placements:
         return parse(spec, num_axes)
     placements = tuple(spec)
     if len(placements) != num_axes:
-        raise ValueError(
+        raise PlanError(
             f"{what} {fmt(placements)} has {len(placements)} entries; the mesh has {num_axes} axes."
         )
     return placements
@@ -60,7 +61,7 @@ def _constrain(
     if specs is None:
         return allowed
     if len(specs) != len(names):
-        raise ValueError(
+        raise PlanError(
             f"{what} lists {len(specs)} placements but the model has {len(names)}; give one per {what.removesuffix('_placements')}."
         )
     num_axes = len(table.mesh_shape)
@@ -72,7 +73,7 @@ def _constrain(
         mask = np.array([s.outs[0] == want for s in ns.strategies])
         if not mask.any():
             shape = ns.out_tensors[0].shape if ns.out_tensors[0] else "?"
-            raise ValueError(
+            raise PlanError(
                 f"{what}[{i}] = {fmt(want)} is not possible for a tensor of shape {shape} on mesh "
                 f"{table.mesh_shape}: a sharded dim must divide evenly by the mesh axes sharding it."
             )
@@ -96,7 +97,7 @@ def _inputs_by_key(
     unknown = [k for k in specs if k not in keys]
     if unknown:
         known = ", ".join(repr(k) for k in keys if isinstance(k, str)) or "none (positional)"
-        raise ValueError(
+        raise PlanError(
             f"input_placements names input {unknown[0]!r}, which input_fn does not return "
             f"(its keyword inputs: {known}); key the dict by input_fn's keys."
         )
@@ -219,7 +220,7 @@ def constraints(
     pinned = resolve_pins(traced, table, pins)
     for node, mask in pinned.items():
         if node in allowed and not (allowed[node] & mask).any():
-            raise ValueError(
+            raise PlanError(
                 f"pins: node {node} is pinned to a placement its input or output "
                 "placement constraint excludes; drop one of the two."
             )

@@ -24,6 +24,7 @@ import numpy as np
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.cost.redistribute import RedistributeModel
+from autoplan.errors import PlanError
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
@@ -37,7 +38,7 @@ from autoplan.strategies.table import Strategy, StrategyTable
 from autoplan.trace import TracedGraph, trace_joint
 
 
-class PlanMismatchError(ValueError):
+class PlanMismatchError(PlanError):
     """The plan was not made from this run file; the message says what differs."""
 
 

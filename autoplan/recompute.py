@@ -29,6 +29,7 @@ from torch import fx
 from autoplan.config import CHECKPOINT_MODES as MODES
 from autoplan.cost.activations import activation_memory
 from autoplan.cost.price import CostTable
+from autoplan.errors import PlanError
 from autoplan.graph import RECOMPUTES, forward_part, layer_of
 from autoplan.strategies.dtensor import make_graph_module, mutates, use_lazy_graph_module
 from autoplan.strategies.table import StrategyTable
@@ -65,7 +66,7 @@ def recompute_set(traced: TracedGraph, mode: str | Mapping[str, str]) -> tuple[s
     modes = mode.values() if isinstance(mode, Mapping) else [mode]
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(
+        raise PlanError(
             f"activation_checkpointing is {bad[0]!r}; use one of {', '.join(map(repr, MODES))}."
         )
     if all(m == "none" for m in modes):
@@ -193,7 +194,7 @@ def with_recompute(traced: TracedGraph, names: Sequence[str]) -> TracedGraph:
     by_name = {n.name: n for n in graph.nodes}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(
+        raise PlanError(
             f"the plan recomputes nodes this graph does not have (first: {unknown[:3]}); "
             "plan this exact model, then apply that plan."
         )

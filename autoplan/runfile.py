@@ -33,6 +33,7 @@ from torch import nn
 
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Topology
+from autoplan.errors import PlanError
 from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
@@ -42,7 +43,7 @@ SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
 MODELS = ("llama3", "mlp")
 
 
-class RunFileError(ValueError):
+class RunFileError(PlanError):
     """A run file that cannot be used; the message says where and how to fix it."""
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from autoplan.config import PlanConfig
 from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
+from autoplan.errors import PlanError
 from autoplan.ilp.build import IlpModel, build_ilp
 from autoplan.ilp.cluster import ROUNDS, cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
@@ -296,7 +297,7 @@ def _solve_reduced(
             base,
         )
     if not solution.choice:
-        raise ValueError(
+        raise PlanError(
             f"plan.time_limit_s ({config.time_limit_s} s): the solver stopped before it "
             "found any plan (no plan could be read off the bound, and the LP relaxation "
             "and the MIP ran out of time); raise plan.time_limit_s."

@@ -53,6 +53,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autoplan.errors import PlanError
 from autoplan.graph import LAYER_KEY
 from autoplan.inputs import InputKey, call_form, flatten_inputs
 from autoplan.strategies.dtensor import (
@@ -204,7 +205,7 @@ def trace_joint(
         outs = [x for x in leaves if isinstance(x, torch.Tensor)]
         differentiable = [i for i, x in enumerate(outs) if x.requires_grad]
         if not differentiable:
-            raise ValueError(
+            raise PlanError(
                 f"no output of {type(model).__name__} depends on a trainable parameter, "
                 "so there is no backward to plan; return the model's floating output "
                 "(or pass loss_fn=...)."
@@ -282,7 +283,7 @@ def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
         return
     first = constants[0]
     if first.name.startswith("_param_constant"):
-        raise ValueError(
+        raise PlanError(
             f"{type(model).__name__} has frozen parameters (requires_grad=False): autoplan "
             "plans trainable parameters and buffers only. Register the frozen weights as "
             "buffers, or unfreeze them for planning."
@@ -294,7 +295,7 @@ def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
         if getattr(getattr(model, "config", None), "use_cache", False)
         else " Build such tensors from the inputs or register them as buffers."
     )
-    raise ValueError(
+    raise PlanError(
         f"{type(model).__name__}'s forward creates {len(constants)} tensor constant(s) "
         f"(the first of shape {shape}, read by {users}) that are neither parameters, "
         f"buffers nor inputs, so no plan can place them.{hint}"

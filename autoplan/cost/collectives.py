@@ -69,6 +69,7 @@ import numbers
 from dataclasses import dataclass
 
 from autoplan.cost.topology import Topology
+from autoplan.errors import PlanError
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 _PROTOCOLS = ("LL", "LL128", "Simple")
@@ -253,12 +254,12 @@ def _is_size(nbytes: object) -> bool:
 
 def _check(op: str, nbytes: float, p: int, m: int, dtype_bytes: int) -> None:
     if op not in OPS:
-        raise ValueError(f"Unknown collective {op!r}; allowed: {', '.join(OPS)}.")
+        raise PlanError(f"Unknown collective {op!r}; allowed: {', '.join(OPS)}.")
     for what, value in (("ranks_per_node", p), ("nodes", m), ("dtype_bytes", dtype_bytes)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{what} ({value!r}) must be an int >= 1.")
+            raise PlanError(f"{what} ({value!r}) must be an int >= 1.")
     if not _is_size(nbytes):
-        raise ValueError(f"nbytes ({nbytes!r}) must be a finite number >= 0.")
+        raise PlanError(f"nbytes ({nbytes!r}) must be a finite number >= 0.")
 
 
 def _padded(nbytes: float, n: int, dtype_bytes: int) -> float:
@@ -346,13 +347,13 @@ def algorithm_choice(
 def bus_bandwidth_gbps(op: str, nbytes: float, ranks: int, time_us: float) -> float:
     """nccl-tests' bus bandwidth (GB/s) of an op that moved ``nbytes`` in ``time_us``."""
     if op not in OPS:
-        raise ValueError(f"Unknown collective {op!r}; allowed: {', '.join(OPS)}.")
+        raise PlanError(f"Unknown collective {op!r}; allowed: {', '.join(OPS)}.")
     if isinstance(ranks, bool) or not isinstance(ranks, numbers.Integral) or ranks < 1:
-        raise ValueError(f"ranks ({ranks!r}) must be an int >= 1.")
+        raise PlanError(f"ranks ({ranks!r}) must be an int >= 1.")
     if ranks == 1:
         return 0.0
     if not time_us > 0:
-        raise ValueError(f"time_us ({time_us!r}) must be > 0 for a group of {ranks} ranks.")
+        raise PlanError(f"time_us ({time_us!r}) must be > 0 for a group of {ranks} ranks.")
     return nbytes / (time_us * 1000.0) * _BUSBW_FACTOR[op](ranks)
 
 
@@ -372,7 +373,7 @@ def collective_table(
         for n in ranks:
             p = min(n, topology.gpus_per_node) if isinstance(n, int) else 0
             if isinstance(n, bool) or p < 1 or n % p:
-                raise ValueError(
+                raise PlanError(
                     f"Group size {n!r} must be an int >= 1 that fills whole nodes of "
                     f"{topology.gpus_per_node} GPUs (or fits in one)."
                 )

@@ -22,14 +22,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from autoplan.errors import PlanError
+
 
 def _check_number(what: str, value: Any, *, positive: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{what} ({value!r}) must be a finite number.")
+        raise PlanError(f"{what} ({value!r}) must be a finite number.")
     if positive and value <= 0:
-        raise ValueError(f"{what} ({value}) must be > 0.")
+        raise PlanError(f"{what} ({value}) must be > 0.")
     if value < 0:
-        raise ValueError(f"{what} ({value}) must be >= 0.")
+        raise PlanError(f"{what} ({value}) must be >= 0.")
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Device:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Device.name ({self.name!r}) must be a non-empty string.")
+            raise PlanError(f"Device.name ({self.name!r}) must be a non-empty string.")
         for field in ("peak_bf16_tflops", "peak_fp32_tflops", "hbm_gbps", "memory_gib"):
             _check_number(f"Device.{field}", getattr(self, field), positive=True)
 
@@ -58,7 +60,7 @@ class Device:
         """The datasheet figures of a known GPU: one of ``h100``, ``h200``, ``a100``, ``b200``."""
         key = name.lower() if isinstance(name, str) else name
         if key not in _DEVICES:
-            raise ValueError(
+            raise PlanError(
                 f"Unknown device preset {name!r}; allowed: {', '.join(sorted(_DEVICES))}."
             )
         return _DEVICES[key]
@@ -104,24 +106,24 @@ class Topology:
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, Device):
-            raise ValueError(f"Topology.device ({self.device!r}) must be a Device.")
+            raise PlanError(f"Topology.device ({self.device!r}) must be a Device.")
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int):
-            raise ValueError(f"Topology.gpus_per_node ({self.gpus_per_node!r}) must be an int.")
+            raise PlanError(f"Topology.gpus_per_node ({self.gpus_per_node!r}) must be an int.")
         if self.gpus_per_node < 1:
-            raise ValueError(f"Topology.gpus_per_node ({self.gpus_per_node}) must be >= 1.")
+            raise PlanError(f"Topology.gpus_per_node ({self.gpus_per_node}) must be >= 1.")
         _check_number("Topology.intra_node_gbps", self.intra_node_gbps, positive=True)
         _check_number("Topology.inter_node_gbps", self.inter_node_gbps, positive=True)
         _check_number("Topology.intra_node_latency_us", self.intra_node_latency_us)
         _check_number("Topology.inter_node_latency_us", self.inter_node_latency_us)
         if not isinstance(self.nvls, bool):
-            raise ValueError(f"Topology.nvls ({self.nvls!r}) must be true or false.")
+            raise PlanError(f"Topology.nvls ({self.nvls!r}) must be true or false.")
 
     @staticmethod
     def preset(name: str) -> Topology:
         """A standard 8-GPU node cluster: ``h100``, ``h200``, ``a100`` or ``b200``."""
         key = name.lower() if isinstance(name, str) else name
         if key not in _TOPOLOGIES:
-            raise ValueError(
+            raise PlanError(
                 f"Unknown topology preset {name!r}; allowed: {', '.join(sorted(_TOPOLOGIES))}."
             )
         return _TOPOLOGIES[key]
@@ -135,7 +137,7 @@ class Topology:
         ``Device`` fields.
         """
         if not isinstance(d, Mapping):
-            raise ValueError(f"{source}: a topology must be a mapping, got {type(d).__name__}.")
+            raise PlanError(f"{source}: a topology must be a mapping, got {type(d).__name__}.")
         values = dict(d)
         base = cls()
         if "device" in values:
@@ -145,7 +147,7 @@ class Topology:
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key not in _TOPOLOGY_TYPES:
-                raise ValueError(
+                raise PlanError(
                     f"{source}: unknown topology key {key!r} (value {value!r}); "
                     f"allowed: {', '.join(sorted(['device', *_TOPOLOGY_TYPES]))}."
                 )
@@ -153,7 +155,7 @@ class Topology:
         try:
             return dataclasses.replace(base, **kwargs)
         except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+            raise PlanError(f"{source}: {e}") from None
 
 
 _TOPOLOGIES: Mapping[str, Topology] = MappingProxyType(
@@ -183,27 +185,27 @@ def _device_from(value: Any, source: str) -> Device:
         try:
             return Device.preset(value)
         except ValueError as e:
-            raise ValueError(f"{source}: topology key 'device': {e}") from None
+            raise PlanError(f"{source}: topology key 'device': {e}") from None
     if not isinstance(value, Mapping):
-        raise ValueError(
+        raise PlanError(
             f"{source}: topology key 'device' has value {value!r}; "
             "expected a preset name or a mapping of device fields."
         )
     kwargs = {}
     for key, item in value.items():
         if key not in _DEVICE_TYPES:
-            raise ValueError(
+            raise PlanError(
                 f"{source}: unknown device key {key!r} (value {item!r}); "
                 f"allowed: {', '.join(_DEVICE_TYPES)}."
             )
         kwargs[key] = _typed(f"device key {key!r}", item, _DEVICE_TYPES[key], source)
     missing = [k for k in _DEVICE_TYPES if k not in kwargs]
     if missing:
-        raise ValueError(f"{source}: device is missing {', '.join(missing)}.")
+        raise PlanError(f"{source}: device is missing {', '.join(missing)}.")
     try:
         return Device(**kwargs)
     except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
+        raise PlanError(f"{source}: {e}") from None
 
 
 def _typed(what: str, value: Any, type_name: str, source: str) -> Any:
@@ -215,7 +217,7 @@ def _typed(what: str, value: Any, type_name: str, source: str) -> Any:
         "bool": isinstance(value, bool),
     }[type_name]
     if not ok:
-        raise ValueError(
+        raise PlanError(
             f"{source}: {what} has value {value!r} of type {type(value).__name__}; "
             f"expected {type_name}."
         )
@@ -235,13 +237,13 @@ def group_span(
     if not mesh_shape or any(
         isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape
     ):
-        raise ValueError(f"mesh_shape {mesh_shape!r} must be a non-empty tuple of ints >= 1.")
+        raise PlanError(f"mesh_shape {mesh_shape!r} must be a non-empty tuple of ints >= 1.")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node ({gpus_per_node!r}) must be an int >= 1.")
+        raise PlanError(f"gpus_per_node ({gpus_per_node!r}) must be an int >= 1.")
     if len(set(axes)) != len(axes) or any(
         isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(mesh_shape) for a in axes
     ):
-        raise ValueError(
+        raise PlanError(
             f"axes {axes!r} must be distinct mesh axes in 0..{len(mesh_shape) - 1} "
             f"for mesh_shape {mesh_shape!r}."
         )
@@ -254,7 +256,7 @@ def group_span(
         per_node[rank // gpus_per_node] = per_node.get(rank // gpus_per_node, 0) + 1
     counts = set(per_node.values())
     if len(counts) != 1:
-        raise ValueError(
+        raise PlanError(
             f"The group over axes {axes!r} of mesh {mesh_shape!r} puts {sorted(per_node.values())} "
             f"ranks on its nodes ({gpus_per_node} GPUs per node); a priced group needs the same "
             "count on every node. Choose a mesh whose inner axes divide gpus_per_node."

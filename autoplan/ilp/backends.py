@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import pulp
 
+from autoplan.errors import PlanError
 from autoplan.ilp.matrix import Matrix
 
 SOLVERS = ("cbc", "highs")
@@ -49,12 +50,12 @@ class RunResult:
 def check_solver(name: str) -> None:
     """Raise a ValueError naming the fix when solver ``name`` cannot run here."""
     if name not in SOLVERS:
-        raise ValueError(f"solver {name!r} is not known; allowed: {', '.join(SOLVERS)}")
+        raise PlanError(f"solver {name!r} is not known; allowed: {', '.join(SOLVERS)}")
     if name == "highs":
         try:
             import highspy  # noqa: F401
         except ImportError as err:
-            raise ValueError(
+            raise PlanError(
                 "solver 'highs' needs the highspy package: pip install 'autoplan[highs]', "
                 "or use solver: cbc"
             ) from err

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoplan.errors import PlanError
+
 KINDS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -56,7 +58,7 @@ GPT2_DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-class HFConfigError(ValueError):
+class HFConfigError(PlanError):
     """A Hugging Face model kind or config that cannot be built; the message says how to fix it."""
 
 

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoplan.errors import PlanError
+
 
 def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
     """SwiGLU hidden size, computed the way Meta's llama3 ``FeedForward`` does.
@@ -67,24 +69,24 @@ class ModelArgs:
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
             value = getattr(self, name)
             if value < 1:
-                raise ValueError(f"{name} ({value}) must be a positive integer.")
+                raise PlanError(f"{name} ({value}) must be a positive integer.")
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
             if value <= 0:
-                raise ValueError(f"{name} ({value}) must be positive.")
+                raise PlanError(f"{name} ({value}) must be positive.")
         for name in ("n_kv_heads", "ffn_dim_multiplier"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{name} ({value}) must be positive or None.")
+                raise PlanError(f"{name} ({value}) must be positive or None.")
         if self.dim % self.n_heads != 0:
-            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}).")
+            raise PlanError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}).")
         if self.head_dim % 2 != 0:
-            raise ValueError(
+            raise PlanError(
                 f"head_dim ({self.head_dim}) = dim / n_heads must be even, "
                 "because RoPE rotates pairs of channels."
             )
         if self.n_heads % self.kv_heads != 0:
-            raise ValueError(
+            raise PlanError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})."
             )
 

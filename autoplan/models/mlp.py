@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoplan.errors import PlanError
+
 
 class MLPBlock(nn.Module):
     """``w2(gelu(w1(x)))``, without the residual add."""
@@ -30,7 +32,7 @@ class TinyMLP(nn.Module):
         super().__init__()
         for name, value in (("dim", dim), ("hidden", hidden), ("n_layers", n_layers)):
             if value < 1:
-                raise ValueError(f"{name} ({value}) must be a positive integer.")
+                raise PlanError(f"{name} ({value}) must be a positive integer.")
         self.layers = nn.ModuleList(MLPBlock(dim, hidden) for _ in range(n_layers))
 
     @torch.no_grad()

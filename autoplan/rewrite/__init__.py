@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoplan.errors import PlanError
 from autoplan.rewrite.einsum import RewriteStats, rewrite_linear_to_einsum
 from autoplan.trace import TracedGraph
 
@@ -20,7 +21,7 @@ def rewrite(traced: TracedGraph, *, mm_mode: str) -> tuple[TracedGraph, RewriteS
     if mm_mode == "native":
         return traced, RewriteStats()
     if mm_mode != "einsum":
-        raise ValueError(f"mm_mode ({mm_mode!r}) must be 'einsum' or 'native'.")
+        raise PlanError(f"mm_mode ({mm_mode!r}) must be 'einsum' or 'native'.")
     stats = rewrite_linear_to_einsum(traced.gm)
     out = next(n for n in traced.gm.graph.nodes if n.op == "output")
     flat = list(out.args[0])  # [*outputs, *grads]: the rewrite may have replaced any of them
