@@ -26,19 +26,18 @@ import threading
 import traceback
 from collections.abc import Iterator, Sequence
 
-import torch
-
-from autoplan.compare import compare, format_compare, write_compare
+from autoplan.compare import compare, format_compare, output_paths, write_compare
 from autoplan.cost.collectives import collective_table
 from autoplan.diff import diff_plans, format_diff
 from autoplan.errors import Interrupted, PlanError
 from autoplan.explain import explain, format_explain
 from autoplan.mesh import fake_mesh
-from autoplan.placements import fmt, is_even
+from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.planner import plan
 from autoplan.progress import PhaseProgress
 from autoplan.rebuild import rebuild
+from autoplan.run_checks import check_run, mesh_text, writable
 from autoplan.runfile import Run, load_run, load_topology
 
 EXIT_INFEASIBLE = 1
@@ -49,8 +48,7 @@ EXIT_INTERNAL = 3
 def run_plan(run: Run, *, quiet: bool = False) -> Plan:
     """Plan one run file's model on its (fake) mesh; unless quiet, show each phase on stderr."""
     mesh = fake_mesh(run.mesh_shape, run.axis_names)
-    shape = " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
-    title = f"{run.source}: mesh {shape}, mm_mode {run.config.mm_mode}, solver {run.config.solver}"
+    title = f"{run.source}: mesh {mesh_text(run)}, mm_mode {run.config.mm_mode}, solver {run.config.solver}"
     progress = PhaseProgress(title) if not quiet else contextlib.nullcontext()
     with progress:
         return plan(
@@ -67,6 +65,8 @@ def run_plan(run: Run, *, quiet: bool = False) -> Plan:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
+    if args.out:
+        writable(args.out, "--out")
     if args.mm_mode:
         run = dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=args.mm_mode))
     result = run_plan(run, quiet=args.quiet or args.json)
@@ -80,11 +80,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
+    if args.out:
+        json_path, png_path = output_paths(args.out)
+        for path in (json_path, png_path):
+            if path.is_dir():
+                raise PlanError(f"--out {args.out}: {path} is a directory; give another path")
     result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json), by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
     if args.out:
-        mesh = " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
-        title = f"{run.source}: compute and comm per layer kind, mesh {mesh}"
+        title = f"{run.source}: compute and comm per layer kind, mesh {mesh_text(run)}"
         json_path, png_path = write_compare(result, args.out, title)
         print(f"comparison written to {json_path}, chart to {png_path}", file=sys.stderr)
     statuses = [result[m]["status"] for m in ("einsum", "native")]
@@ -137,34 +141,17 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
-    model = run.build_model()
-    num_params = sum(p.numel() for p in model.parameters())
+    checked = check_run(run)
     fake_mesh(run.mesh_shape, run.axis_names)
-    mesh = " x ".join(f"{n}={s}" for n, s in zip(run.axis_names, run.mesh_shape, strict=True))
-    with torch.device("meta"):
-        shape = tuple(run.input_fn()().shape)
-    for i, p in enumerate(run.input_placements):
-        if not is_even(shape, p, run.mesh_shape):
-            raise PlanError(
-                f"{run.source}: inputs.placements[{i}] = {fmt(p)} does not divide input {i} of "
-                f"shape {list(shape)} evenly on mesh {mesh}; make each sharded dim a multiple of "
-                "the mesh axes that shard it, or replicate it (R)."
-            )
-    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    for name, p in run.pins.items():
-        if name in params and not is_even(params[name], p, run.mesh_shape):
-            raise PlanError(
-                f"{run.source}: constraints.pin.{name} = {fmt(p)} does not divide the "
-                f"parameter's shape {list(params[name])} evenly on mesh {mesh}; pin a "
-                "placement whose sharded dims are multiples of the mesh axes sharding them."
-            )
+    mesh = mesh_text(run)
+    shape, params = list(checked.input_shape), checked.param_shapes
     options = {
         f.name: getattr(run.config, f.name)
         for f in dataclasses.fields(run.config)
         if f.name != "topology"
     }
     print(f"{run.source}: OK")
-    print(f"model: {run.model_name}, {num_params:,} parameters")
+    print(f"model: {run.model_name}, {checked.num_params:,} parameters")
     print(f"mesh: {mesh} ({math.prod(run.mesh_shape)} devices)")
     placed = ", ".join(fmt(p) for p in run.input_placements) or "planner's choice"
     print(f"input: shape {list(shape)}, placements {placed}")

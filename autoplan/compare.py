@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,17 @@ from autoplan.runfile import Run
 MODES = ("einsum", "native")
 
 
+def _finite(value: float) -> float | None:
+    """A cost, or None when the mode has none (an infeasible plan); JSON has no NaN."""
+    return value if math.isfinite(value) else None
+
+
 def _row(p: Plan) -> dict[str, Any]:
     return {
         "status": p.status,
-        "objective_us": p.objective_us,
-        "compute_us": p.compute_us,
-        "comm_us": p.comm_us,
+        "objective_us": _finite(p.objective_us),
+        "compute_us": _finite(p.compute_us),
+        "comm_us": _finite(p.comm_us),
         "timings": dict(p.timings),
         "ilp_size": dict(p.ilp_size),
         "graph_nodes": p.graph_nodes,
@@ -101,6 +107,10 @@ def _mib(value: float | None, breakdown: dict[str, float]) -> str:
     return f"{value / 2**20:.2f}" if breakdown and value is not None else "-"
 
 
+def _ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1e3:.2f}"
+
+
 def format_compare(result: dict[str, Any]) -> str:
     """The comparison as an aligned text table."""
     e, n = result["einsum"], result["native"]
@@ -132,9 +142,9 @@ def format_compare(result: dict[str, Any]) -> str:
             str(n["ilp_size"].get("constraints")),
         ),
         ("status", e["status"], n["status"]),
-        ("objective (ms)", f"{e['objective_us'] / 1e3:.2f}", f"{n['objective_us'] / 1e3:.2f}"),
-        ("  compute (ms)", f"{e['compute_us'] / 1e3:.2f}", f"{n['compute_us'] / 1e3:.2f}"),
-        ("  comm (ms)", f"{e['comm_us'] / 1e3:.2f}", f"{n['comm_us'] / 1e3:.2f}"),
+        ("objective (ms)", _ms(e["objective_us"]), _ms(n["objective_us"])),
+        ("  compute (ms)", _ms(e["compute_us"]), _ms(n["compute_us"])),
+        ("  comm (ms)", _ms(e["comm_us"]), _ms(n["comm_us"])),
         (
             "chosen _StridedShard strategies",
             str(e["strided_shard_chosen"]),
@@ -156,7 +166,7 @@ def format_compare(result: dict[str, Any]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':<{width}}  {'einsum':>12}  {'native':>12}"]
     lines += [f"{k:<{width}}  {a:>12}  {b:>12}" for k, a, b in rows]
-    if e["objective_us"] and e["objective_us"] == e["objective_us"]:
+    if e["objective_us"] and n["objective_us"] is not None:
         lines.append(
             f"{'objective native/einsum':<{width}}  {n['objective_us'] / e['objective_us']:>27.3f}"
         )

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
+from autoplan import strict_yaml
 from autoplan.config import PlanConfig
 from autoplan.cost.topology import Topology
-from autoplan.errors import PlanError
+from autoplan.errors import RunFileError
 from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
@@ -41,10 +41,6 @@ from autoplan.placements import Placements, parse
 
 SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
 MODELS = ("llama3", "mlp")
-
-
-class RunFileError(PlanError):
-    """A run file that cannot be used; the message says where and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +124,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) 
             raise RunFileError(f"--set {item!r}: write key.path=value, e.g. model.args.n_layers=4")
         path, text = item.split("=", 1)
         keys = path.strip().split(".")
+        if not all(k.strip() for k in keys):
+            raise RunFileError(
+                f"--set {item!r}: the key path {path!r} has an empty part; write "
+                "section.key=value, e.g. plan.mm_mode=native"
+            )
         node = raw
         for k in keys[:-1]:
             nxt = node.get(k)
@@ -136,19 +137,14 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) 
             if not isinstance(nxt, dict):
                 raise RunFileError(f"--set {item!r}: {k} in {source} is not a mapping")
             node = nxt
-        node[keys[-1]] = yaml.safe_load(text)
+        node[keys[-1]] = strict_yaml.load(text, f"--set {item!r}")
     return raw
 
 
 def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     """Read and validate a run file."""
     source = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise RunFileError(f"{source}: no such run file") from exc
-    except yaml.YAMLError as exc:
-        raise RunFileError(f"{source}: not valid YAML ({exc})") from exc
+    raw = strict_yaml.load(read_text(path, "run file"), source)
     if not isinstance(raw, dict):
         raise RunFileError(
             f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}"
@@ -160,6 +156,23 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
             f"{source}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(SECTIONS))}"
         )
     return _parse(raw, source)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``, or a RunFileError saying why it cannot be read."""
+    p = Path(path)
+    if p.is_dir():
+        raise RunFileError(f"{p}: is a directory; give the path of a {what} (a .yaml file)")
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RunFileError(f"{p}: no such {what}; check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise RunFileError(
+            f"{p}: not UTF-8 text (byte {exc.start}); a {what} is a YAML text file"
+        ) from exc
+    except OSError as exc:
+        raise RunFileError(f"{p}: cannot read the {what} ({exc.strerror})") from exc
 
 
 def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
@@ -259,6 +272,14 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
                 f"at most {limit}, the model's learned position table (model.config.n_positions); "
                 "raise n_positions or shorten seq",
             )
+    if name == "llama3":
+        limit = ModelArgs(**args).max_seq_len
+        if seq > limit:
+            raise _err(
+                source, "inputs.seq", seq,
+                f"at most {limit}, the model's rotary table (model.args.max_seq_len); "
+                "raise max_seq_len or shorten seq",
+            )  # fmt: skip
     specs = inputs.get("placements")
     placements: tuple[Placements, ...] = ()
     if specs is not None:
@@ -333,7 +354,8 @@ def load_topology(value: Any, source: str = "--topology") -> Topology:
             path = Path(value)
             if not path.is_absolute() and not path.exists():
                 path = Path(source).parent / value
-            return Topology.from_dict(yaml.safe_load(path.read_text()), source=str(path))
+            raw = strict_yaml.load(read_text(path, "topology file"), str(path))
+            return Topology.from_dict(raw, source=str(path))
         if isinstance(value, str):
             return Topology.preset(value)
         if isinstance(value, dict):

@@ -106,7 +106,7 @@ def test_bad_pins_exit_2_naming_the_pin(tmp_path, capsys):
     uneven = GOOD.replace("shape: [8]", "shape: [3]").replace('["S(0)"]', '["R"]')
     uneven += "constraints: {pin: {layers.0.w1.weight: S(0)}}\n"
     assert main(["validate", _run_file(tmp_path, uneven)]) == 2
-    assert "constraints.pin.layers.0.w1.weight = S(0) does not divide" in capsys.readouterr().err
+    assert "constraints.pin.layers.0.w1.weight = S(0) does not fit" in capsys.readouterr().err
 
 
 def test_plan_shows_each_phase_with_its_seconds(tmp_path, capsys):

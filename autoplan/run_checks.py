@@ -1,0 +1,83 @@
+"""Checks a run file's run passes before any solve: what ``autoplan validate`` reports.
+
+Input: a :class:`~autoplan.runfile.Run` (already schema-checked) and output paths.
+Output: a :class:`Checked` summary, or a :class:`~autoplan.errors.PlanError` naming
+the key, its value and the fix. Why here: ``validate`` must refuse what ``plan``
+would, and ``plan`` must refuse an unwritable ``--out`` before a long solve, not after.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from autoplan.errors import PlanError
+from autoplan.placements import Placements, fmt, is_even
+from autoplan.runfile import Run
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks saw: the model's size and its input and output shapes."""
+
+    num_params: int
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...] | None
+    param_shapes: dict[str, tuple[int, ...]]
+
+
+def mesh_text(run: Run) -> str:
+    """``dp=2 x tp=2``."""
+    return " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
+
+
+def check_run(run: Run) -> Checked:
+    """Every placement of the run file against the shape it places, on the run's mesh."""
+    model = run.build_model()
+    with torch.device("meta"):
+        x = run.input_fn()()
+        try:
+            out = model(x)
+        except Exception:  # the planner's trace names what fails; here only shapes are wanted
+            out = None
+    shape = tuple(x.shape)
+    out_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    for i, p in enumerate(run.input_placements):
+        _fits(run, f"inputs.placements[{i}]", p, shape, f"input {i}")
+    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for name, p in run.pins.items():
+        if name in params:
+            _fits(run, f"constraints.pin.{name}", p, params[name], "the parameter")
+    if out_shape is not None:
+        for i, p in enumerate(run.output_placements):
+            _fits(run, f"constraints.output_placements[{i}]", p, out_shape, "the output")
+    return Checked(sum(p.numel() for p in model.parameters()), shape, out_shape, params)
+
+
+def _fits(run: Run, key: str, p: Placements, shape: tuple[int, ...], what: str) -> None:
+    if not is_even(shape, p, run.mesh_shape):
+        raise PlanError(
+            f"{run.source}: {key} = {fmt(p)} does not fit {what} of shape {list(shape)} on "
+            f"mesh {mesh_text(run)}: each sharded dim must exist (below {len(shape)}) and be a "
+            "multiple of the mesh axes sharding it; pick such a dim, or replicate it (R)."
+        )
+
+
+def writable(path: str | Path, flag: str) -> Path:
+    """``path`` a file can be written to (it may exist), or a PlanError naming ``flag``."""
+    p = Path(path)
+    if p.is_dir():
+        raise PlanError(f"{flag} {p}: is a directory; give a file path such as {p / 'plan.json'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise PlanError(
+            f"{flag} {p}: the directory {parent} does not exist; create it first "
+            f"(mkdir -p {parent}) or write elsewhere"
+        )
+    target = p if p.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise PlanError(f"{flag} {p}: {target} is not writable; choose a path you can write")
+    return p
