@@ -20,8 +20,10 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -65,21 +67,38 @@ def run_plan(run: Run, *, quiet: bool = False) -> Plan:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
+    check_run(run)
     if args.out:
         writable(args.out, "--out")
     if args.mm_mode:
         run = dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=args.mm_mode))
     result = run_plan(run, quiet=args.quiet or args.json)
-    if args.out:
-        result.save(args.out)
     print(result.to_json(timings=True) if args.json else result.summary())
-    if args.out and not args.json:
-        print(f"plan written to {args.out}")
+    if args.out:
+        _save(result, args.out)
+        if not args.json:
+            print(f"plan written to {args.out}")
     return EXIT_INFEASIBLE if result.status == "infeasible" else 0
+
+
+def _save(result: Plan, out: str) -> None:
+    """Write the plan to ``out``; if that fails (a full disk), to a temporary file instead, so
+    a finished solve is never lost, and say where it went."""
+    try:
+        result.save(out)
+    except OSError as exc:
+        fd, fallback = tempfile.mkstemp(prefix="autoplan-plan-", suffix=".json")
+        os.close(fd)
+        result.save(fallback)
+        raise PlanError(
+            f"--out {out}: cannot write the plan ({exc.strerror or exc}); it was saved to "
+            f"{fallback} instead: move it where it belongs"
+        ) from exc
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
+    check_run(run)
     if args.out:
         json_path, png_path = output_paths(args.out)
         for path in (json_path, png_path):
@@ -142,16 +161,19 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
     checked = check_run(run)
+    model = run.build_model()
+    num_params = sum(p.numel() for p in model.parameters())
+    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
     fake_mesh(run.mesh_shape, run.axis_names)
     mesh = mesh_text(run)
-    shape, params = list(checked.input_shape), checked.param_shapes
+    shape = list(checked.input_shape)
     options = {
         f.name: getattr(run.config, f.name)
         for f in dataclasses.fields(run.config)
         if f.name != "topology"
     }
     print(f"{run.source}: OK")
-    print(f"model: {run.model_name}, {checked.num_params:,} parameters")
+    print(f"model: {run.model_name}, {num_params:,} parameters")
     print(f"mesh: {mesh} ({math.prod(run.mesh_shape)} devices)")
     placed = ", ".join(fmt(p) for p in run.input_placements) or "planner's choice"
     print(f"input: shape {list(shape)}, placements {placed}")

@@ -21,12 +21,10 @@ from autoplan.runfile import Run
 
 @dataclass(frozen=True)
 class Checked:
-    """What the checks saw: the model's size and its input and output shapes."""
+    """What the checks saw: the input's shape and, when it was needed, the output's."""
 
-    num_params: int
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...] | None
-    param_shapes: dict[str, tuple[int, ...]]
 
 
 def mesh_text(run: Run) -> str:
@@ -35,26 +33,39 @@ def mesh_text(run: Run) -> str:
 
 
 def check_run(run: Run) -> Checked:
-    """Every placement of the run file against the shape it places, on the run's mesh."""
-    model = run.build_model()
+    """Every placement of the run file against the shape it places, on the run's mesh.
+
+    The model is built (on the meta device) only when a pin or an output placement
+    needs its shapes.
+    """
     with torch.device("meta"):
         x = run.input_fn()()
-        try:
-            out = model(x)
-        except Exception:  # the planner's trace names what fails; here only shapes are wanted
-            out = None
     shape = tuple(x.shape)
-    out_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
     for i, p in enumerate(run.input_placements):
         _fits(run, f"inputs.placements[{i}]", p, shape, f"input {i}")
+    if not (run.pins or run.output_placements):
+        return Checked(shape, None)
+    model = run.build_model()
     params = {n: tuple(p.shape) for n, p in model.named_parameters()}
     for name, p in run.pins.items():
         if name in params:
             _fits(run, f"constraints.pin.{name}", p, params[name], "the parameter")
+    out_shape = _output_shape(model, x) if run.output_placements else None
     if out_shape is not None:
         for i, p in enumerate(run.output_placements):
             _fits(run, f"constraints.output_placements[{i}]", p, out_shape, "the output")
-    return Checked(sum(p.numel() for p in model.parameters()), shape, out_shape, params)
+    return Checked(shape, out_shape)
+
+
+def _output_shape(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, ...] | None:
+    """The output's shape from a meta-device forward, or None when that forward fails (the
+    planner's trace then names what fails)."""
+    with torch.device("meta"):
+        try:
+            out = model(x)
+        except Exception:
+            return None
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else None
 
 
 def _fits(run: Run, key: str, p: Placements, shape: tuple[int, ...], what: str) -> None:

@@ -259,6 +259,26 @@ def _read_solution(
     return "stopped", None, dj, y
 
 
+def _owned_run(args: list[str], wait: float | None) -> tuple[int | None, str]:
+    """Run ``args`` to completion: (exit code, output), or (None, output) past ``wait`` s.
+
+    The child is killed and reaped on every way out of here (the time limit, Ctrl-C, a
+    signal the caller turned into an exception), so no solver outlives the solve.
+    """
+    with subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as child:
+        try:
+            output, _ = child.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None, ""
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()  # reaped here: on Ctrl-C, Popen's own exit waits only briefly
+        return child.returncode, output
+
+
 def _run_cbc(job: _Job) -> RunResult:
     m, mip, time_limit_s, mip_gap, start, cutoff = job
     with tempfile.TemporaryDirectory(prefix="autoplan-cbc-") as tmp:
@@ -301,16 +321,13 @@ def _run_cbc(job: _Job) -> RunResult:
         if time_limit_s is not None:
             wait = time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
         began = time.perf_counter()
-        try:
-            done = subprocess.run(
-                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=wait
-            )
-        except subprocess.TimeoutExpired:
+        code, output = _owned_run(args, wait)
+        if code is None:
             return RunResult("stopped", None)
         ran_out = time_limit_s is not None and time.perf_counter() - began >= time_limit_s
-        if done.returncode != 0 or not os.path.exists(sol):
-            tail = "\n".join(done.stdout.splitlines()[-5:])
-            raise RuntimeError(f"CBC ({args[0]}) failed with exit code {done.returncode}: {tail}")
+        if code != 0 or not os.path.exists(sol):
+            tail = "\n".join(output.splitlines()[-5:])
+            raise RuntimeError(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
         status, x, dj, y = _read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
     if status == "infeasible" and ran_out:
         # CBC's preprocessing, cut short by -sec, can say "Integer infeasible" of a model it
