@@ -149,10 +149,12 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise PlanError(
+            f"--top ({args.top}) must be at least 1; it is how many alternatives to show."
+        )
     saved = _load_plan(args.plan)
     run = load_run(args.config, args.set)
-    if args.top < 1:
-        raise PlanError(f"--top ({args.top}) must be at least 1.")
     result = explain(rebuild(run, saved, plan_source=args.plan), args.name, top=args.top)
     print(json.dumps(result, indent=1) if args.json else format_explain(result))
     return 0
