@@ -7,6 +7,7 @@ raise ``ValueError`` naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -92,11 +93,7 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if self.mm_mode not in MM_MODES:
             raise PlanError(f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}.")
-        if self.memory_budget_gib is not None and (
-            isinstance(self.memory_budget_gib, bool)
-            or not isinstance(self.memory_budget_gib, (int, float))
-            or self.memory_budget_gib <= 0
-        ):
+        if self.memory_budget_gib is not None and not _positive(self.memory_budget_gib):
             raise PlanError(
                 f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
                 "of GiB, or None for no limit."
@@ -106,7 +103,11 @@ class PlanConfig:
                 f"activation_checkpointing ({self.activation_checkpointing!r}) must be one of "
                 f"{', '.join(CHECKPOINT_MODES)} or auto."
             )
-        if not isinstance(self.optimizer_states, int) or self.optimizer_states < 0:
+        if (
+            isinstance(self.optimizer_states, bool)
+            or not isinstance(self.optimizer_states, int)
+            or self.optimizer_states < 0
+        ):
             raise PlanError(
                 f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
             )
@@ -124,13 +125,16 @@ class PlanConfig:
                 raise PlanError(f"{name} ({value!r}) must be one of {', '.join(DTYPES)}, or None.")
         if self.solver not in SOLVERS:
             raise PlanError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
-        if self.time_limit_s is not None and (
-            not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0
-        ):
+        if self.time_limit_s is not None and not _positive(self.time_limit_s):
             raise PlanError(
-                f"time_limit_s ({self.time_limit_s!r}) must be a positive number of seconds."
+                f"time_limit_s ({self.time_limit_s!r}) must be a positive number of seconds, "
+                "or None for no limit."
             )
-        if not isinstance(self.mip_gap, (int, float)) or not 0 <= self.mip_gap < 1:
+        if (
+            isinstance(self.mip_gap, bool)
+            or not isinstance(self.mip_gap, (int, float))
+            or not 0 <= self.mip_gap < 1
+        ):
             raise PlanError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
         for name in (
             "collapse_followers",
@@ -169,3 +173,9 @@ class PlanConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topology"}
         out["topology"] = self.topology.device.name
         return out
+
+
+def _positive(value: Any) -> bool:
+    """A finite number above 0, not a bool (NaN and infinity are refused: None is the way
+    to say "no limit")."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf

@@ -21,7 +21,7 @@ import torch
 
 from autoplan.errors import PlanError
 
-__all__ = ["InputKey", "call_form", "flatten_inputs", "label", "match_call"]
+__all__ = ["InputKey", "call_form", "describe", "flatten_inputs", "label", "match_call"]
 
 InputKey = int | str  # a positional input's index, or a keyword input's name
 
@@ -64,9 +64,16 @@ def _check_tensor(x: Any, key: InputKey, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise PlanError(
             f"{what}: {label(key)} is a {type(x).__name__}, not a tensor: the inputs a "
-            "plan places are tensors. Fix other arguments in the model (a wrapper module or "
-            "its config) and leave them out of input_fn."
+            "plan places are tensors. Fix other arguments in the model, in a wrapper module "
+            "(forward(self, x): return self.model(x, 2.0)) or its config, and leave them "
+            f"out of {what}{_as_tensor(x)}."
         )
+
+
+def _as_tensor(x: Any) -> str:
+    if isinstance(x, (bool, int, float)):
+        return f"; or pass a tensor, torch.tensor({x!r}), if the forward computes with it"
+    return ""
 
 
 def call_form(
@@ -105,6 +112,12 @@ def match_call(
         )
     it = iter(args)
     return tuple(next(it) if isinstance(k, int) else kwargs[k] for k in keys)
+
+
+def describe(keys: Sequence[InputKey]) -> str:
+    """The inputs under ``keys`` as messages name them: ``2 positional inputs``,
+    ``keyword inputs input_ids, labels``."""
+    return _form(sum(isinstance(k, int) for k in keys), [k for k in keys if isinstance(k, str)])
 
 
 def _form(positional: int, named: Sequence[str]) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from torch import nn
 from torch.distributed.tensor import Placement
 
+from autoplan.api_checks import check_plan_args
 from autoplan.config import PlanConfig
 from autoplan.constraints import PinSpec, resolve_pins
 from autoplan.cost.price import price
@@ -42,7 +43,15 @@ InputPlacements = PlacementSpec | Sequence[PlacementSpec] | Mapping[str, Placeme
 
 def _as_placements(spec: PlacementSpec, num_axes: int, what: str) -> Placements:
     if isinstance(spec, str):
-        return parse(spec, num_axes)
+        try:
+            return parse(spec, num_axes)
+        except PlanError as exc:
+            raise PlanError(f"{what}: {exc}") from exc
+    if not isinstance(spec, Sequence):
+        raise PlanError(
+            f"{what} is {spec!r}: a placement is a string such as 'S(0)R' or a tuple of "
+            "DTensor placements, one per mesh axis."
+        )
     placements = tuple(spec)
     if len(placements) != num_axes:
         raise PlanError(
@@ -61,8 +70,11 @@ def _constrain(
     if specs is None:
         return allowed
     if len(specs) != len(names):
+        noun = "input" if what == "input_placements" else "output tensor"
         raise PlanError(
-            f"{what} lists {len(specs)} placements but the model has {len(names)}; give one per {what.removesuffix('_placements')}."
+            f"{what} lists {len(specs)} placements for the model's {len(names)} "
+            f"{noun}{'s' if len(names) != 1 else ''}; give one per {noun} (None leaves one to "
+            "the solver), or one placement such as 'S(0)R' for all."
         )
     num_axes = len(table.mesh_shape)
     for i, (name, spec) in enumerate(zip(names, specs, strict=True)):
@@ -81,6 +93,16 @@ def _constrain(
     return allowed
 
 
+def _one_for_all(specs: Any, count: int) -> Any:
+    """``specs`` repeated ``count`` times when it is one placement (``"S(0)R"`` or a tuple
+    of DTensor placements), else as given."""
+    if isinstance(specs, str) or (
+        isinstance(specs, Sequence) and specs and all(isinstance(p, Placement) for p in specs)
+    ):
+        return [specs] * count
+    return specs
+
+
 def _inputs_by_key(
     specs: InputPlacements | None,
     keys: Sequence[int | str],
@@ -88,10 +110,7 @@ def _inputs_by_key(
     """``input_placements`` as one entry per input in the graph's order (``None``: left to
     the solver). One placement (``"S(0)R"``) places every input alike, the batch split the
     same way for the token ids and their labels; a dict is keyed like ``input_fn``'s."""
-    if isinstance(specs, str) or (
-        isinstance(specs, Sequence) and specs and all(isinstance(p, Placement) for p in specs)
-    ):
-        return [specs] * len(keys)
+    specs = _one_for_all(specs, len(keys))
     if not isinstance(specs, Mapping):
         return specs
     unknown = [k for k in specs if k not in keys]
@@ -149,13 +168,25 @@ def plan(
     mode (``torch.randint`` in it allocates nothing). ``input_placements`` fixes the
     placements of the model's inputs: one placement for all (``"S(0)R"``: the batch split
     on the first axis, labels alike), one entry per input, or a dict keyed like
-    ``input_fn``'s (``None`` or a missing key leaves an input to the solver); ``output_placements`` fixes
-    the placement of each output tensor (in the forward's pytree order; the loss's alone
-    when ``loss_fn`` puts a loss inside the graph); by default a 0-dim output (a loss) is
-    replicated and the others are the solver's choice. ``pins`` fixes the placement of
+    ``input_fn``'s (``None`` or a missing key leaves an input to the solver);
+    ``output_placements`` fixes the placement of each output tensor (one for all, or one
+    per output in the forward's pytree order; the loss's alone when ``loss_fn`` puts a
+    loss inside the graph); by default a 0-dim output (a loss) is replicated and the
+    others are the solver's choice. ``pins`` fixes the placement of
     parameters (by FQN) or graph nodes (by name), see :mod:`autoplan.constraints`.
     Placements are tuples of DTensor placements or short strings such as ``"S(0)R"``.
     """
+    check_plan_args(
+        model=model,
+        input_fn=input_fn,
+        mesh=mesh,
+        config=config,
+        input_placements=input_placements,
+        output_placements=output_placements,
+        pins=pins,
+        loss_fn=loss_fn,
+        progress=progress,
+    )
 
     def here() -> Plan:
         cfg = config or PlanConfig()
@@ -216,6 +247,7 @@ def constraints(
     allowed = _constrain(table, traced.inputs, specs, "input_placements")
     if output_placements is None:
         output_placements = _scalars_replicated(traced, len(table.mesh_shape))
+    output_placements = _one_for_all(output_placements, len(traced.outputs))
     allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
     pinned = resolve_pins(traced, table, pins)
     for node, mask in pinned.items():

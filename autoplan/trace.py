@@ -7,7 +7,8 @@ an aten-level ``torch.fx.GraphModule`` whose placeholders are the parameters,
 buffers, inputs and one cotangent per differentiable output, and whose outputs are
 the model's output tensors and one gradient per parameter, with ``meta["val"]`` (a
 fake tensor: shape, dtype, stride) on every node. Given a ``loss_fn``, the one output
-is the loss and its cotangent a scalar.
+is the loss and its cotangent a scalar. What the forward is given and returns is
+checked as it runs (:mod:`autoplan.forward_checks`): a mistake there is a PlanError.
 
 Why the cotangent is an input rather than a loss inside: the applied module returns
 the model's own output and any loss computed outside drives its backward (what
@@ -54,6 +55,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autoplan.errors import PlanError
+from autoplan.forward_checks import (
+    call_input_fn,
+    call_loss_fn,
+    check_forward_accepts,
+    forward_failed,
+    no_backward,
+    quiet_meta_failures,
+)
 from autoplan.graph import LAYER_KEY
 from autoplan.inputs import InputKey, call_form, flatten_inputs
 from autoplan.strategies.dtensor import (
@@ -180,7 +189,8 @@ def trace_joint(
     params = [_to_fake(p, mode, True, param_dtype) for _, p in named_params]
     buffers = [_to_fake(b, mode, False) for _, b in named_buffers]
     with mode:
-        input_keys, inputs = flatten_inputs(input_fn())
+        input_keys, inputs = flatten_inputs(call_input_fn(input_fn))
+    check_forward_accepts(model, input_keys)
     inputs = tuple(mode.from_tensor(x) if not _is_fake(x) else x for x in inputs)
 
     def forward(
@@ -191,9 +201,14 @@ def trace_joint(
         if param_dtype is not None:  # FSDP2 casts floating inputs too (cast_forward_inputs)
             xs = [x.to(param_dtype) if x.is_floating_point() else x for x in xs]
         args, kwargs = call_form(input_keys, xs)
-        out = functional_call(model, state, args, kwargs)
+        try:
+            out = functional_call(model, state, args, kwargs)
+        except PlanError:
+            raise
+        except Exception as exc:  # the model's own code on these inputs, or a data-dependent op
+            raise forward_failed(exc, model, input_keys, xs) from exc
         if loss_fn is not None:
-            return [loss_fn(out)], None
+            return [call_loss_fn(loss_fn, out)], None
         return pytree.tree_flatten(out)
 
     seen: dict[str, Any] = {}  # what the traced forward returned, read after the trace
@@ -205,11 +220,7 @@ def trace_joint(
         outs = [x for x in leaves if isinstance(x, torch.Tensor)]
         differentiable = [i for i, x in enumerate(outs) if x.requires_grad]
         if not differentiable:
-            raise PlanError(
-                f"no output of {type(model).__name__} depends on a trainable parameter, "
-                "so there is no backward to plan; return the model's floating output "
-                "(or pass loss_fn=...)."
-            )
+            raise no_backward(model, leaves, outs, with_loss=loss_fn is not None)
         # one cotangent input per differentiable output, known once the forward has run
         ts = [late_input(outs[i], f"{TANGENT_PREFIX}{k + 1}") for k, i in enumerate(differentiable)]
         seen.update(leaves=leaves, spec=spec, outs=outs, differentiable=differentiable)
@@ -223,7 +234,12 @@ def trace_joint(
     # the module with ``_lazy_graph_module._make_graph_module`` (which honours this
     # flag), then ``recompile`` after DCE would generate it a second time. The flag is
     # restored on exit.
-    with _paused_gc(), use_lazy_graph_module(True), sdpa_kernel(_DEFAULT_SDPA):
+    with (
+        _paused_gc(),
+        use_lazy_graph_module(True),
+        sdpa_kernel(_DEFAULT_SDPA),
+        quiet_meta_failures(),
+    ):
         with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
             with _marked_layers(model):
                 gm = make_fx(step)(params, buffers, list(inputs))
