@@ -9,12 +9,13 @@ group must not share a process); each trains a few AdamW steps against one devic
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import autoplan
@@ -77,7 +78,10 @@ MODELS = {
     "tied": (TiedFrozen, lambda: torch.randint(0, VOCAB, (8, 4))),
 }
 # the frozen weights sharded, so the forward gathers or computes on shards of them
-PINS = {"adapted": {"inp.weight": "S(0)S(1)", "mid.weight": "RS(0)"}, "tied": {}}
+PINS = {
+    "adapted": {"inp.weight": "S(0)S(1)", "mid.weight": "RS(0)"},
+    "tied": {"embed.weight": "RS(0)"},  # vocabulary split on tp, lookup and head alike
+}
 
 
 def _plan(kind: str, mm_mode: str) -> Plan:
@@ -176,6 +180,11 @@ def _steps(model: nn.Module, batches, feed) -> tuple[list[float], torch.optim.Op
     return losses, opt
 
 
+def _feed(plan: Plan, mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A global batch to this rank's shard of it, placed as planned."""
+    return lambda x: shard_inputs(x, plan, mesh)[0].to_local()
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -196,16 +205,13 @@ def _train_case(kind: str, plan: Plan, ckpt: str | None) -> dict:
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(1)
     batches = [batch() for _ in range(STEPS + 1)]
-    ref_losses, ref_opt = _steps(ref, batches[:STEPS], lambda x: x)
+    ref_losses, _ = _steps(ref, batches[:STEPS], lambda x: x)
     pmodel = parallelize(model, plan, mesh)
-
-    def feed(x: torch.Tensor) -> torch.Tensor:
-        return shard_inputs(x, plan, mesh)[0].to_local()
-
-    losses, opt = _steps(pmodel, batches[:STEPS], feed)
+    losses, opt = _steps(pmodel, batches[:STEPS], _feed(plan, mesh))
     ref_params = dict(ref.named_parameters())
     params = dict(pmodel.named_parameters())
     frozen = [n for n, p in params.items() if not p.requires_grad]
+    (train,) = [step for key, step in pmodel.autoplan_graphs().items() if key[-1] == "train"]
     result = {
         "losses": [
             abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses, strict=True)
@@ -219,13 +225,23 @@ def _train_case(kind: str, plan: Plan, ckpt: str | None) -> dict:
         "frozen_grads": [n for n in frozen if params[n].grad is not None],
         "placed": {n: fmt(params[n].placements) for n in frozen},
         "tied": kind != "tied" or pmodel.head.weight is pmodel.embed.weight,
+        "collectives": train.unbucketed_collectives(),
+        "deviations": list(train.deviations),
     }
     if ckpt is not None:
         result["checkpoint"] = _checkpoint_case(kind, plan, mesh, pmodel, opt, batches[STEPS], ckpt)
     return result
 
 
-def _checkpoint_case(kind, plan, mesh, pmodel, opt, batch, ckpt: str) -> dict:
+def _checkpoint_case(
+    kind: str,
+    plan: Plan,
+    mesh: DeviceMesh,
+    pmodel: nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: torch.Tensor,
+    ckpt: str,
+) -> dict:
     """Save the trained model and optimizer, load them into another parallelized model,
     and take one more step on each: the same loss, the same weights."""
     autoplan.checkpoint.save(ckpt, pmodel, opt, step=STEPS)
@@ -233,10 +249,7 @@ def _checkpoint_case(kind, plan, mesh, pmodel, opt, batch, ckpt: str) -> dict:
     other = parallelize(MODELS[kind][0](), plan, mesh)
     other_opt = torch.optim.AdamW([p for p in other.parameters() if p.requires_grad], lr=LR)
     extra = autoplan.checkpoint.load(ckpt, other, other_opt)
-
-    def feed(x: torch.Tensor) -> torch.Tensor:
-        return shard_inputs(x, plan, mesh)[0].to_local()
-
+    feed = _feed(plan, mesh)
     losses = []
     for m, o in ((pmodel, opt), (other, other_opt)):
         o.zero_grad()
@@ -258,25 +271,28 @@ def _cases(rank: int, cases: list[dict]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """Each case planned here and trained on 4 gloo processes (one spawn for all)."""
+def runs(tmp_path_factory) -> dict[str, tuple[Plan, dict]]:
+    """Each case's plan, made here, and its run on 4 gloo processes (one spawn for all)."""
     tmp = tmp_path_factory.mktemp("frozen")
     cases = [
         {"name": "einsum", "kind": "adapted", "mm_mode": "einsum", "ckpt": str(tmp / "ckpt")},
         {"name": "native", "kind": "adapted", "mm_mode": "native", "ckpt": None},
         {"name": "tied", "kind": "tied", "mm_mode": "einsum", "ckpt": None},
     ]
+    plans = {c["name"]: _plan(c["kind"], c["mm_mode"]) for c in cases}
     for case in cases:
-        case["plan"] = _plan(case["kind"], case["mm_mode"]).to_json()
-    return run_workers(_cases, WORLD, str(Path(tmp)), cases)[0]
+        case["plan"] = plans[case["name"]].to_json()
+    results = run_workers(_cases, WORLD, str(Path(tmp)), cases)[0]
+    return {name: (plans[name], r) for name, r in results.items()}
 
 
 @pytest.mark.parametrize("name", ["einsum", "native", "tied"])
 def test_frozen_parameters_train_as_on_one_device(runs, name):
     """On 4 gloo ranks, AdamW steps give one device's losses, trainable weights and
     gradients; frozen weights (a frozen module, a buffer beside, a tied frozen embedding)
-    stay as they were, placed as planned, with no gradient."""
-    r = runs[name]
+    stay as they were, placed as planned, with no gradient; the step runs the collectives
+    the plan priced (no gradient reduction for a frozen weight) and no others."""
+    plan, r = runs[name]
     assert all(r["losses"]), r["losses"]
     assert all(r["trained"].values()), r["trained"]
     assert all(r["grads"].values()), r["grads"]
@@ -285,15 +301,16 @@ def test_frozen_parameters_train_as_on_one_device(runs, name):
     assert all(r["unchanged"].values()), r["unchanged"]
     assert r["frozen_grads"] == []
     assert r["tied"]
-    if name == "einsum":
-        assert r["placed"]["inp.weight"] == "S(0)S(1)"
-        assert r["placed"]["mid.weight"] == "RS(0)"
+    assert r["deviations"] == []
+    assert r["collectives"] == plan.collective_counts(bucketed=False)
+    assert r["placed"] == {n: fmt(plan.param_placements[n]) for n in want}
+    assert PINS["tied" if name == "tied" else "adapted"].items() <= r["placed"].items()
 
 
 def test_checkpoint_round_trip_keeps_frozen_weights(runs):
     """A checkpoint saved from a model with frozen weights loads into another parallelized
     one (weights and AdamW state), which then takes the same step; they stay frozen."""
-    r = runs["einsum"]["checkpoint"]
+    r = runs["einsum"][1]["checkpoint"]
     assert r["extra"] == {"step": STEPS}
     assert r["loss"]
     assert all(r["weights"].values()), r["weights"]
