@@ -83,7 +83,7 @@ def parallelize(
     ``plan.buckets`` lists and prices; 0: one collective per planned move).
 
     Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
-    the plan does not list (planning traces only trainable ones) is replicated.
+    is placed as planned like any other and stays frozen: it gets no gradient.
 
     Raises ``ValueError`` for an infeasible plan, when ``mesh`` does not have the plan's
     shape or a parameter is
@@ -102,7 +102,7 @@ def parallelize(
             f"init_device_mesh(device, {tuple(plan.mesh_shape)}, mesh_dim_names={plan.axis_names}) "
             "or plan again for this mesh."
         )
-    targets = _param_placements(model, plan, mesh.ndim)
+    targets = _param_placements(model, plan)
     is_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     if is_meta and init_fn is None:
         _refuse_unfilled_buffers(model)
@@ -163,14 +163,11 @@ def _refuse_unfilled_buffers(model: nn.Module) -> None:
         )
 
 
-def _param_placements(model: nn.Module, plan: Plan, num_axes: int) -> dict[str, Placements]:
+def _param_placements(model: nn.Module, plan: Plan) -> dict[str, Placements]:
     """The plan's placements for every parameter FQN of ``model``, checked."""
     out: dict[str, Placements] = {}
     for fqn, param in model.named_parameters():
         if fqn not in plan.param_placements:
-            if not param.requires_grad:
-                out[fqn] = (Replicate(),) * num_axes
-                continue
             raise PlanError(
                 f"parameter {fqn!r} (shape {tuple(param.shape)}) is not in the plan; the plan has "
                 f"{len(plan.param_placements)} parameters. Plan this exact model "

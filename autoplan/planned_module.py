@@ -256,8 +256,8 @@ def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
 def _planned_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: PlannedState = self._autoplan_state
     inputs = state.inputs(args, kwargs)
-    # the trace's order: trainable parameters, then every buffer (trace_joint)
-    ps = [p for p in self.parameters() if p.requires_grad]
+    # the trace's order: every parameter (frozen ones too), then every buffer (trace_joint)
+    ps = list(self.parameters())
     bs = list(self.buffers())
     step, traced = state.step(self, ps, bs, inputs)
     if torch.is_grad_enabled() and self.training:

@@ -21,7 +21,7 @@ from autoplan.config import PlanConfig
 from autoplan.cost.activations import backward_peak
 from autoplan.cost.buckets import plan_buckets
 from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.price import CostTable
+from autoplan.cost.price import CostTable, state_copies
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.placements import fmt
 from autoplan.plan import Plan
@@ -98,14 +98,17 @@ def read_solution(
         for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
     }
     memory = sum(float(costs.memory[p][choice[p]]) for p in costs.memory)
-    states = sum(float(costs.memory[p][choice[p]]) for p in traced.params if p in costs.memory)
-    per_tensor = states / (2 + config.optimizer_states)  # parameter, gradient, k states alike
-    breakdown = {
-        "parameters": per_tensor,
-        "gradients": per_tensor,
-        "optimizer": per_tensor * config.optimizer_states,
-        "activations": sum(float(a[choice[v]]) for v, a in costs.activations.items()),
-    }
+    breakdown = dict.fromkeys(("parameters", "gradients", "optimizer"), 0.0)
+    for fqn, p in zip(traced.param_fqns, traced.params, strict=True):
+        if p not in costs.memory:
+            continue
+        copies = state_copies(fqn, traced, config.optimizer_states)
+        per_tensor = float(costs.memory[p][choice[p]]) / copies  # parameter, gradient, k states
+        breakdown["parameters"] += per_tensor
+        if fqn not in traced.frozen:
+            breakdown["gradients"] += per_tensor
+            breakdown["optimizer"] += per_tensor * config.optimizer_states
+    breakdown["activations"] = sum(float(a[choice[v]]) for v, a in costs.activations.items())
     backward, returned = backward_peak(stepped or traced, table, choice)
     moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
     breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak

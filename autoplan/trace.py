@@ -3,12 +3,13 @@
 Input: an ``nn.Module`` (its parameters may live on the meta device) and a
 function returning the global example inputs (a tensor, a tuple, or a dict of keyword
 tensors: :mod:`autoplan.inputs`). Output: a :class:`TracedGraph`,
-an aten-level ``torch.fx.GraphModule`` whose placeholders are the parameters,
-buffers, inputs and one cotangent per differentiable output, and whose outputs are
-the model's output tensors and one gradient per parameter, with ``meta["val"]`` (a
-fake tensor: shape, dtype, stride) on every node. Given a ``loss_fn``, the one output
-is the loss and its cotangent a scalar. What the forward is given and returns is
-checked as it runs (:mod:`autoplan.forward_checks`): a mistake there is a PlanError.
+an aten-level ``torch.fx.GraphModule`` whose placeholders are the parameters (frozen
+ones too), buffers, inputs and one cotangent per differentiable output, and whose
+outputs are the model's output tensors and one gradient per trainable parameter, with
+``meta["val"]`` (a fake tensor: shape, dtype, stride) on every node. Given a
+``loss_fn``, the one output is the loss and its cotangent a scalar. What the forward
+is given and returns is checked as it runs (:mod:`autoplan.forward_checks`): a
+mistake there is a PlanError.
 
 Why the cotangent is an input rather than a loss inside: the applied module returns
 the model's own output and any loss computed outside drives its backward (what
@@ -108,12 +109,13 @@ class TracedGraph:
     """The joint forward+backward graph and what its placeholders and outputs mean.
 
     ``params`` / ``buffers`` / ``inputs`` list placeholder node names in order;
-    ``param_fqns`` the parameter names they stand for; ``grads`` maps a
-    parameter FQN to the output node holding its gradient (absent when the
-    parameter gets no gradient). ``outputs`` are the nodes of the model's output
-    tensors in pytree order (the loss alone when traced with a ``loss_fn``);
-    ``tangents`` maps the index of each differentiable output to its cotangent's
-    placeholder; ``out_spec`` and ``out_leaves`` rebuild the output's structure
+    ``param_fqns`` the parameter names they stand for, trainable and frozen alike;
+    ``frozen`` the FQNs of the frozen ones (``requires_grad=False``: read in the
+    forward, no gradient, no optimizer state); ``grads`` maps a parameter FQN to the
+    output node holding its gradient (absent when the parameter gets no gradient).
+    ``outputs`` are the nodes of the model's output tensors in pytree order (the loss
+    alone when traced with a ``loss_fn``); ``tangents`` maps the index of each
+    differentiable output to its cotangent's placeholder; ``out_spec`` and ``out_leaves`` rebuild the output's structure
     (:meth:`unflatten`); ``loss_name`` names the loss (:func:`loss_name`).
     """
 
@@ -133,6 +135,7 @@ class TracedGraph:
     out_leaves: tuple[Any, ...] = ()
     # each input's position or keyword, in the order of ``inputs`` (autoplan.inputs)
     input_keys: tuple[InputKey, ...] = ()
+    frozen: tuple[str, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -182,11 +185,13 @@ def trace_joint(
     """
     start = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    named_params = list(model.named_parameters())
     named_buffers = list(model.named_buffers())
     param_fqns = tuple(n for n, _ in named_params)
     buffer_fqns = tuple(n for n, _ in named_buffers)
-    params = [_to_fake(p, mode, True, param_dtype) for _, p in named_params]
+    # frozen parameters are placeholders too (not graph constants), placed like any other
+    trainable = [i for i, (_, p) in enumerate(named_params) if p.requires_grad]
+    params = [_to_fake(p, mode, p.requires_grad, param_dtype) for _, p in named_params]
     buffers = [_to_fake(b, mode, False) for _, b in named_buffers]
     with mode:
         input_keys, inputs = flatten_inputs(call_input_fn(input_fn))
@@ -224,10 +229,13 @@ def trace_joint(
         # one cotangent input per differentiable output, known once the forward has run
         ts = [late_input(outs[i], f"{TANGENT_PREFIX}{k + 1}") for k, i in enumerate(differentiable)]
         seen.update(leaves=leaves, spec=spec, outs=outs, differentiable=differentiable)
-        grads = torch.autograd.grad(
-            [outs[i] for i in differentiable], list(ps), ts, allow_unused=True
+        found = torch.autograd.grad(
+            [outs[i] for i in differentiable], [ps[i] for i in trainable], ts, allow_unused=True
         )
-        return outs, grads
+        grads: list[torch.Tensor | None] = [None] * len(ps)
+        for i, g in zip(trainable, found, strict=True):
+            grads[i] = g
+        return outs, tuple(grads)
 
     # A lazy GraphModule only generates and compiles its Python code when ``.code`` or
     # ``forward`` is first used; no stage does (they walk ``gm.graph``). make_fx builds
@@ -276,6 +284,7 @@ def trace_joint(
         loss_name=loss_name(loss_fn),
         out_spec=spec,
         out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
+        frozen=tuple(n for n, p in named_params if not p.requires_grad),
     )
 
 
@@ -300,9 +309,11 @@ def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
     first = constants[0]
     if first.name.startswith("_param_constant"):
         raise PlanError(
-            f"{type(model).__name__} has frozen parameters (requires_grad=False): autoplan "
-            "plans trainable parameters and buffers only. Register the frozen weights as "
-            "buffers, or unfreeze them for planning."
+            f"{type(model).__name__}'s forward reads a parameter of shape "
+            f"{tuple(first.meta['val'].shape) if 'val' in first.meta else '?'} that is not "
+            "registered in it (not in model.named_parameters(), e.g. held in a plain list "
+            "or another model), so no plan can place it. Register it as a parameter of a "
+            "submodule (nn.ModuleList, nn.ParameterList) or pass it as an input."
         )
     users = ", ".join(sorted({str(u.target) for c in constants for u in c.users}))
     shape = tuple(first.meta["val"].shape) if "val" in first.meta else "?"

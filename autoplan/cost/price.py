@@ -16,7 +16,7 @@ Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
   place) to the placement the backward reads it in;
 * ``memory[p][i]``: bytes per device of parameter p under strategy i, counting
   the parameter, its gradient and ``optimizer_states`` tensors of its size
-  (AdamW: 2).
+  (AdamW: 2); a frozen parameter (``traced.frozen``) counts itself alone.
 """
 
 from __future__ import annotations
@@ -177,6 +177,12 @@ def _activation_edges(table: StrategyTable) -> dict[tuple[Any, ...], _Grouped]:
     return out
 
 
+def state_copies(fqn: str, traced: TracedGraph, optimizer_states: int) -> int:
+    """Tensors of a parameter's size its training keeps: itself, its gradient and its
+    optimizer states; a frozen parameter only itself."""
+    return 1 if fqn in traced.frozen else 2 + optimizer_states
+
+
 def price(
     table: StrategyTable,
     traced: TracedGraph,
@@ -255,9 +261,10 @@ def price(
         info = ns.out_tensors[0]
         assert info is not None
         elem = master_bytes or info.dtype_bytes
+        copies = state_copies(fqn, traced, optimizer_states)
         memory[pname] = np.array(
             [
-                placements_bytes(info.shape, elem, s.outs[0], mesh_shape) * (2 + optimizer_states)
+                placements_bytes(info.shape, elem, s.outs[0], mesh_shape) * copies
                 for s in ns.strategies
             ],
             dtype=np.float64,
