@@ -90,6 +90,7 @@ class _Reader:
     def __init__(self, source: str, out: str) -> None:
         self.source, self.out = source, out
         self.num_axes, self.axes = 0, ()  # the recorded mesh's, once read
+        self.parsed: dict[tuple[str, bool], Placements] = {}  # a plan repeats few strings
 
     def fail(self, key: str | None, value: Any, problem: str, valid: str) -> NoReturn:
         """Raise: ``key`` (None: the whole file) holds ``value`` (or is missing), which
@@ -152,10 +153,13 @@ class _Reader:
             self.fail(key, value, "is not a placement string", valid)
         if node and value == "-":
             return ()
-        try:
-            parsed = parse(_MASKED.sub("P", value) if node else value)
-        except PlanError:
-            self.fail(key, value, "does not parse as placements", valid)
+        parsed = self.parsed.get((value, node))
+        if parsed is None:
+            try:
+                parsed = parse(_MASKED.sub("P", value) if node else value)
+            except PlanError:
+                self.fail(key, value, "does not parse as placements", valid)
+            self.parsed[value, node] = parsed
         if len(parsed) != n:
             axes = f"{n} axes ({', '.join(self.axes)})"
             problem = f"has {len(parsed)} placements but the mesh has {axes}"
@@ -217,12 +221,12 @@ class _Reader:
             self.fail(None, None, "is empty", valid)
 
         def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-            seen: dict[str, Any] = {}
-            for k, v in pairs:
-                if k in seen:
-                    self.fail(None, None, f"repeats the key {json.dumps(k)} in one object", valid)
-                seen[k] = v
-            return seen
+            obj = dict(pairs)
+            if len(obj) < len(pairs):
+                keys = [k for k, _ in pairs]
+                twice = next(k for i, k in enumerate(keys) if k in keys[:i])
+                self.fail(None, None, f"repeats the key {json.dumps(twice)} in one object", valid)
+            return obj
 
         try:
             d = json.loads(text, object_pairs_hook=no_repeats)
@@ -291,7 +295,17 @@ class _Reader:
 
     def nodes(self, d: dict[str, Any], out: dict[str, Any]) -> None:
         nodes = self.mapping("node_placements", d["node_placements"])
+        checked = {"-"}  # the placement strings found valid; a plan repeats a few of them
         for name, entry in nodes.items():
+            if (
+                type(entry) is dict
+                and len(entry) == len(NODE_KEYS)
+                and type(entry.get("op")) is str
+                and type(entry.get("out")) is list
+                and type(entry.get("in")) is list
+                and checked.issuperset(entry["out"] + entry["in"])
+            ):
+                continue  # well formed, of checked strings: no key to build a message with
             key = _key("node_placements", name)
             if sorted(self.mapping(key, entry)) != list(NODE_KEYS):
                 example = '{"op": "aten.mm.default", "out": ["S(0)R"], "in": ["S(0)R", "RR"]}'
@@ -300,6 +314,7 @@ class _Reader:
             for side in ("out", "in"):
                 for i, text in enumerate(self.listing(_key(key, side), entry[side])):
                     self.placements(_key(_key(key, side), i), text, node=True)
+                    checked.add(text)
         out["node_placements"] = nodes
 
     def inputs(self, d: dict[str, Any], out: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ edited in one place), is refused with a message naming what differs.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -169,8 +170,8 @@ def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -
             said = "is missing" if held is None else f'= "{fmt(held)}"'
             raise PlanMismatchError(
                 f'{plan_source}: param_placements["{fqn}"] {said} but the parameter\'s graph '
-                f'node has node_placements["{node}"]["out"] = {outs}: the file was edited in one '
-                "place only. Give both the same placement, or re-plan with "
+                f'node has node_placements["{node}"]["out"] = {json.dumps(outs)}: the file was '
+                "edited in one place only. Give both the same placement, or re-plan with "
                 f"`autoplan plan {run.source} --out {plan_source}`."
             )
 
