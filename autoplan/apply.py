@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from autoplan.errors import PlanError
 from autoplan.execute import flatten_mesh_groups
 from autoplan.inputs import InputKey, call_form, flatten_inputs, label
-from autoplan.placements import Placements, fmt, parse
+from autoplan.placements import Placements, fmt, parse, sharded_dim
 from autoplan.plan import Plan
 from autoplan.planned_module import PlannedState, install
 from autoplan.trace import LossFn
@@ -85,9 +85,11 @@ def parallelize(
     Buffers are replicated on every mesh axis. A frozen parameter (``requires_grad=False``)
     is placed as planned like any other and stays frozen: it gets no gradient.
 
-    Raises ``ValueError`` for an infeasible plan, when ``mesh`` does not have the plan's
-    shape or a parameter is
-    missing from the plan or has another shape, and ``NotImplementedError`` when a
+    Raises :class:`~autoplan.errors.PlanError` (a ``ValueError``) for an infeasible plan,
+    when ``mesh`` does not have the plan's shape, a parameter is missing from the plan,
+    has another shape or a placement that does not fit it (another number of mesh axes,
+    a dim it lacks), or the plan places a parameter the model lacks (a plan for another
+    model), before any tensor is distributed; and ``NotImplementedError`` when a
     parameter is placed ``Partial`` or ``_StridedShard``.
     """
     if plan.status == "infeasible":
@@ -102,7 +104,7 @@ def parallelize(
             f"init_device_mesh(device, {tuple(plan.mesh_shape)}, mesh_dim_names={plan.axis_names}) "
             "or plan again for this mesh."
         )
-    targets = _param_placements(model, plan)
+    targets = _param_placements(model, plan, mesh.ndim)
     is_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     if is_meta and init_fn is None:
         _refuse_unfilled_buffers(model)
@@ -163,15 +165,17 @@ def _refuse_unfilled_buffers(model: nn.Module) -> None:
         )
 
 
-def _param_placements(model: nn.Module, plan: Plan) -> dict[str, Placements]:
-    """The plan's placements for every parameter FQN of ``model``, checked."""
+def _param_placements(model: nn.Module, plan: Plan, num_axes: int) -> dict[str, Placements]:
+    """The plan's placements for every parameter FQN of ``model``, checked against the
+    model before DTensor sees them: every parameter placed (frozen ones too), no parameter
+    the model lacks, the planned shape, one placement per mesh axis, only dims it has."""
+    fix = "Plan this exact model (same modules, parameter names and shapes), apply that plan."
     out: dict[str, Placements] = {}
     for fqn, param in model.named_parameters():
         if fqn not in plan.param_placements:
             raise PlanError(
                 f"parameter {fqn!r} (shape {tuple(param.shape)}) is not in the plan; the plan has "
-                f"{len(plan.param_placements)} parameters. Plan this exact model "
-                "(same module structure and parameter names) and apply that plan."
+                f"{len(plan.param_placements)} parameters. {fix}"
             )
         want = plan.param_shapes.get(fqn)
         if want is not None and tuple(want) != tuple(param.shape):
@@ -180,6 +184,13 @@ def _param_placements(model: nn.Module, plan: Plan) -> dict[str, Placements]:
                 f"shape {tuple(want)}; plan the model with the same dimensions."
             )
         placements = tuple(plan.param_placements[fqn])
+        dims = [sharded_dim(p) for p in placements]
+        if len(placements) != num_axes or any(d is not None and d >= param.ndim for d in dims):
+            raise PlanError(
+                f"the plan places parameter {fqn!r} (shape {tuple(param.shape)}) "
+                f"{fmt(placements)}, which does not fit it on a mesh of {num_axes} axes: give one "
+                f"placement per mesh axis, sharding only {_dims(param.ndim)}. {fix}"
+            )
         for p in placements:
             if type(p) not in (Shard, Replicate):
                 raise NotImplementedError(
@@ -187,7 +198,17 @@ def _param_placements(model: nn.Module, plan: Plan) -> dict[str, Placements]:
                     "parameter placements are not yet supported by parallelize (only S(d) and R)."
                 )
         out[fqn] = placements
+    extra = [fqn for fqn in plan.param_placements if fqn not in out]
+    if extra:
+        raise PlanError(
+            f"the plan places parameter {extra[0]!r}, which {type(model).__name__} does not have "
+            f"({len(extra)} such parameters): the plan was made for another model. {fix}"
+        )
     return out
+
+
+def _dims(ndim: int) -> str:
+    return f"dims 0..{ndim - 1}" if ndim else "no dim (a scalar)"
 
 
 def _replicate_buffers(model: nn.Module, mesh: DeviceMesh) -> None:

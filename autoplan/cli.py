@@ -129,17 +129,9 @@ def _cmd_collectives(args: argparse.Namespace) -> int:
 
 
 def _load_plan(path: str) -> Plan:
-    """``Plan.load`` with every failure turned into a ValueError naming the file."""
-    try:
-        return Plan.load(path)
-    except FileNotFoundError as exc:
-        raise PlanError(f"{path}: no such plan file") from exc
-    except ValueError as exc:
-        if path in str(exc):
-            raise
-        raise PlanError(f"{path}: not a usable plan ({exc})") from exc
-    except (OSError, KeyError, TypeError) as exc:
-        raise PlanError(f"{path}: not a plan JSON file ({exc!r})") from exc
+    """The plan saved at ``path``; ``Plan.load`` raises a PlanError (exit 2) naming the file,
+    the key and the fix for anything it cannot use."""
+    return Plan.load(path)
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 
 Input: built by :func:`autoplan.planner.plan`. Output: a frozen :class:`Plan`
 that prints a summary and saves to / loads from JSON exactly (placements are
-stored in DTensor's short form, ``S(0)R``).
+stored in DTensor's short form, ``S(0)R``); a load checks every field
+(:mod:`autoplan.plan_check`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import PlanError
-from autoplan.placements import Placements, fmt, parse
+from autoplan.placements import Placements, fmt
+from autoplan.plan_check import STATUSES, plan_fields, read_text
 
-STATUSES = ("optimal", "time_limit", "infeasible")
 PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
 
@@ -152,28 +153,15 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<json>") -> Plan:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{source}: not a plan JSON file ({exc})") from exc
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(d) - known
-        if unknown:
-            raise PlanError(f"{source}: unknown plan keys {sorted(unknown)}")
-        d.setdefault("timings", {})  # saved plans leave them out
-        n = len(d["mesh_shape"])
-        d["param_placements"] = {k: parse(v, n) for k, v in d["param_placements"].items()}
-        d["mesh_shape"] = tuple(d["mesh_shape"])
-        d["axis_names"] = tuple(d["axis_names"])
-        d["param_shapes"] = {k: tuple(v) for k, v in d.get("param_shapes", {}).items()}
-        d["fallback_ops"] = tuple(d.get("fallback_ops", ()))
-        d["input_shapes"] = tuple(tuple(s) for s in d.get("input_shapes", ()))
-        d["input_keys"] = tuple(d.get("input_keys", ()))
-        return cls(**d)
+        """The plan in ``text``, every field checked (:mod:`autoplan.plan_check`); a
+        :class:`~autoplan.errors.PlanError` naming ``source``, the key and the fix if not."""
+        return cls(**plan_fields(text, source=source))
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_json(Path(path).read_text(), source=str(path))
+        """The plan saved at ``path`` (:meth:`save`), checked as :meth:`from_json` does; a
+        file that cannot be read (missing, a directory, not UTF-8) is a PlanError too."""
+        return cls(**plan_fields(read_text(path), source=str(path), out=str(path)))
 
     # -- reading ------------------------------------------------------------------
 

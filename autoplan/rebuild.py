@@ -11,11 +11,13 @@ strategy, so they run trace -> rewrite -> strategies -> cost again (the
 stages before the solver; seconds even for LLaMA3-8B) with the same calls
 :func:`autoplan.planner.plan` makes, and find each node's chosen strategy by
 its placements in short form. A plan made from another run file (mesh,
-model, options) is refused with a message naming what differs.
+model, options), or whose parameter placements disagree with its nodes' (a file
+edited in one place), is refused with a message naming what differs.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -157,6 +159,23 @@ def _read_choice(table: StrategyTable, plan: Plan, plan_source: str, run: Run) -
     return choice
 
 
+def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -> None:
+    """Refuse a plan whose ``param_placements`` disagree with its parameter nodes' placements:
+    the choice is read from the nodes, so a file edited in one place only would be explained
+    with a placement other than the one ``parallelize`` applies."""
+    for fqn, node in zip(traced.param_fqns, traced.params, strict=True):
+        held = plan.param_placements.get(fqn)
+        outs = list(plan.node_placements[node]["out"])
+        if held is None or [fmt(held)] != outs:
+            said = "is missing" if held is None else f'= "{fmt(held)}"'
+            raise PlanMismatchError(
+                f'{plan_source}: param_placements["{fqn}"] {said} but the parameter\'s graph '
+                f'node has node_placements["{node}"]["out"] = {json.dumps(outs)}: the file was '
+                "edited in one place only. Give both the same placement, or re-plan with "
+                f"`autoplan plan {run.source} --out {plan_source}`."
+            )
+
+
 def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     """Trace, rewrite, enumerate and price ``run`` again; read ``plan``'s choice into it."""
     check_matches(run, plan, plan_source)
@@ -179,6 +198,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
         traced, table, priced, plan.recompute, counted=config.counts_activations
     )
     choice = _read_choice(table, plan, plan_source, run)
+    _check_params(traced, plan, plan_source, run)
     in_edges: dict[str, list[EdgeCost]] = {}
     out_edges: dict[str, list[EdgeCost]] = {}
     for e in costs.edges:
