@@ -245,25 +245,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _signals_as_exceptions():
             return int(args.func(args))
-    except PlanError as exc:
+    except (Exception, KeyboardInterrupt, Interrupted) as exc:
+        return _report(exc, debug=args.debug)
+
+
+def _report(exc: BaseException, *, debug: bool) -> int:
+    """One line on stderr for what ended the command, and its exit code."""
+    stop = _interruption(exc)
+    if stop is not None:
+        print(f"autoplan: {_stopped_by(stop)}", file=sys.stderr)
+        return 128 + stop
+    if isinstance(exc, PlanError):
         print(f"autoplan: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("autoplan: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Interrupted as exc:
-        print(f"autoplan: stopped by {signal.Signals(exc.signum).name}", file=sys.stderr)
-        return 128 + exc.signum
-    except Exception as exc:  # a defect: one line by default, the traceback on request
-        if args.debug:
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0]
-        print(
-            f"autoplan: internal error: {type(exc).__name__}: {first}"
-            + ("" if args.debug else " (rerun with --debug for the traceback)"),
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+    if debug:  # a defect: one line by default, the traceback on request
+        traceback.print_exception(exc)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    print(
+        f"autoplan: internal error: {type(exc).__name__}: {first}"
+        + ("" if debug else " (rerun with --debug for the traceback)"),
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
+
+
+def _interruption(exc: BaseException) -> int | None:
+    """The signal number behind ``exc``: itself an interruption, or raised while one unwound
+    (torch's mode stacks can fail in their exit when Ctrl-C lands inside them, and the
+    trace may wrap that failure)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        if isinstance(current, Interrupted):
+            return current.signum
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _stopped_by(signum: int) -> str:
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
 
 @contextlib.contextmanager

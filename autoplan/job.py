@@ -4,7 +4,7 @@ Input: a function that plans on this process, the job's mesh and the rank to pla
 Output: the same :class:`~autoplan.plan.Plan` on every rank of the job, sent as JSON
 with ``torch.distributed.broadcast_object_list`` over the job's default group; a
 failure on the planning rank is raised on every rank (the planning rank's own error
-there, a ``RuntimeError`` naming it elsewhere) rather than leaving the others waiting.
+there; elsewhere a ``PlanError`` naming it if it was bad input, else a ``RuntimeError``) rather than leaving the others waiting.
 
 Why: planning is deterministic, so every rank may plan for itself, but a solver time
 limit makes the plan depend on the machine's speed at that moment, and the ranks of a
@@ -55,12 +55,15 @@ def plan_on_one_rank(make: Callable[[], Plan], mesh: DeviceMesh, src: int) -> Pl
             box[0] = ("plan", make().to_json(timings=True))
         except Exception as e:  # sent on, so that no other rank waits for a plan
             error = e
-            box[0] = ("error", f"{type(e).__name__}: {e}")
+            kind = "bad input" if isinstance(e, PlanError) else "error"
+            box[0] = (kind, f"{type(e).__name__}: {e}")
     dist.broadcast_object_list(box, src=src)
     if error is not None:
         raise error
     assert box[0] is not None
     kind, text = box[0]
+    if kind == "bad input":  # the same user mistake on every rank, as the same kind of error
+        raise PlanError(f"planning on rank {src} (broadcast_from={src}) failed: {text}")
     if kind == "error":
         raise RuntimeError(f"planning on rank {src} (broadcast_from={src}) failed: {text}")
     return Plan.from_json(text, source=f"the plan broadcast from rank {src}")

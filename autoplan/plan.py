@@ -128,7 +128,8 @@ class Plan:
     # -- JSON -------------------------------------------------------------------
 
     def to_json(self, *, timings: bool = False) -> str:
-        """The plan as JSON: sorted keys, floats in ``repr`` form.
+        """The plan as JSON: sorted keys, floats in ``repr`` form, ``null`` for a cost an
+        infeasible plan does not have (strict JSON has no NaN).
 
         The wall-clock seconds per phase are the one field that differs between
         two runs of the same planning problem, so they are left out unless
@@ -145,7 +146,7 @@ class Plan:
         d["fallback_ops"] = list(self.fallback_ops)
         d["input_shapes"] = [list(s) for s in self.input_shapes]
         d["input_keys"] = list(self.input_keys)
-        return json.dumps(d, indent=1, sort_keys=True)
+        return json.dumps(_strict(d), indent=1, sort_keys=True, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
         """Write the deterministic JSON (no timings); :meth:`load` reads it back."""
@@ -273,3 +274,14 @@ def param_groups(placements: dict[str, Placements]) -> dict[str, Counter[str]]:
     for fqn, p in placements.items():
         groups[param_kind(fqn)][fmt(p)] += 1
     return dict(groups)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

@@ -188,8 +188,11 @@ class _Reader:
                 self.fail(name, _ABSENT, "every plan records it", "restore it from the original")
         out: dict[str, Any] = {"status": self.string("status", d["status"], STATUSES)}
         self.mesh(d, out)
+        infeasible = out["status"] == "infeasible"
         for name in ("objective_us", "compute_us", "comm_us"):
-            out[name] = self.number(name, d[name], finite=out["status"] != "infeasible")
+            # an infeasible plan has no cost: null (older files: NaN)
+            none = infeasible and d[name] is None
+            out[name] = math.nan if none else self.number(name, d[name], finite=not infeasible)
         if d.get("bound_us") is not None:
             out["bound_us"] = self.number("bound_us", d["bound_us"], signed=True)
         out |= {name: self.string(name, d[name]) for name in TEXT_KEYS if name in d}

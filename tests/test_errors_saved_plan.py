@@ -297,3 +297,18 @@ def test_parallelize_refuses_placements_that_do_not_fit_a_parameter(saved):
         assert_plan_error(
             lambda b=bad: parallelize(model, b, _mesh()), "'norm.weight'", "dims 0..0"
         )
+
+
+def test_infeasible_plan_is_strict_json(tmp_path):
+    """An infeasible plan saves its missing costs as null (strict JSON) and loads them as NaN."""
+    run = tmp_path / "run.yaml"
+    run.write_text(TINY_RUN)
+    out = tmp_path / "infeasible.json"
+    ran = cli(
+        "plan", str(run), "--quiet", "--out", str(out), "--set", "plan.memory_budget_gib=1e-7"
+    )
+    assert ran.code == 1
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert data["objective_us"] is None and data["status"] == "infeasible"
+    loaded = Plan.load(out)
+    assert math.isnan(loaded.objective_us) and loaded.to_json() == out.read_text().strip()

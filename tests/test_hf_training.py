@@ -140,7 +140,7 @@ def test_out_loss_trains_as_on_one_device(job, kind):
             "missing_key",
             r"TypeError: .*planned for keyword inputs input_ids, attention_mask, labels but got ",
         ),
-        ("other_shape", r"ValueError: input 'input_ids' has global shape \(8, 8\).*\(8, 16\)"),
+        ("other_shape", r"PlanError: input 'input_ids' has global shape \(8, 8\).*\(8, 16\)"),
     ],
 )
 def test_a_call_the_plan_does_not_fit_names_the_input(job, call, message):

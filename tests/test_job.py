@@ -88,9 +88,10 @@ def test_broadcast_from_gives_every_rank_the_planning_ranks_plan(job):
 
 
 def test_a_failure_on_the_planning_rank_is_raised_on_every_rank(job):
-    assert job[1]["failed"] == "ValueError: no batch on this rank"
-    for r in (0, 2, 3):
-        assert job[r]["failed"].startswith("RuntimeError: planning on rank 1 (broadcast_from=1)")
+    assert job[1]["failed"].startswith("PlanError: input_fn raised ValueError")
+    assert "no batch on this rank" in job[1]["failed"]
+    for r in (0, 2, 3):  # a user's mistake is a PlanError on every rank
+        assert job[r]["failed"].startswith("PlanError: planning on rank 1 (broadcast_from=1)")
         assert "no batch on this rank" in job[r]["failed"]
 
 

@@ -313,13 +313,13 @@ def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_
     m = emit(_random_problem(0)).matrix
     limit = 0.05
 
-    def fake_cbc(args, **kwargs):
+    def fake_cbc(args, wait):
         if ran_out:
             time.sleep(limit)
         with open(args[args.index("-solution") + 1], "w") as f:
             f.write("Integer infeasible - objective value 1.0\n")
-        return backends.subprocess.CompletedProcess(args, 0, "", None)
+        return 0, ""
 
-    monkeypatch.setattr(backends.subprocess, "run", fake_cbc)
+    monkeypatch.setattr(backends, "_owned_run", fake_cbc)
     got = run(m, "cbc", mip=True, time_limit_s=limit if ran_out else 60.0, mip_gap=0.0, cutoff=1.0)
     assert got.status == ("stopped" if ran_out else "infeasible") and got.x is None
