@@ -26,6 +26,7 @@ from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autoplan import user_files
 from autoplan.config import CHECKPOINT_MODES, PlanConfig
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, parse, sharded_dim
@@ -44,21 +45,7 @@ _ABSENT = object()
 def read_text(path: str | Path) -> str:
     """The text of the plan file at ``path``; a PlanError naming the path if it cannot be read."""
     how = "give the path of a plan file written by: autoplan plan RUN.yaml --out PLAN.json"
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError as exc:
-        raise PlanError(f"{path}: no such plan file; {how}") from exc
-    except IsADirectoryError as exc:
-        raise PlanError(f"{path}: is a directory, not a plan file; {how}") from exc
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot be read ({exc.strerror or exc}); {how}") from exc
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PlanError(
-            f"{path}: is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}), "
-            f"so not a plan JSON file; {how}"
-        ) from exc
+    return user_files.read_text(path, what="plan file", how=how)
 
 
 def plan_fields(text: str, *, source: str, out: str = "PLAN.json") -> dict[str, Any]:

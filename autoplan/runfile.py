@@ -38,6 +38,7 @@ from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
 from autoplan.placements import Placements, parse
+from autoplan.user_files import read_text
 
 SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
 MODELS = ("llama3", "mlp")
@@ -144,7 +145,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) 
 def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     """Read and validate a run file."""
     source = str(path)
-    raw = strict_yaml.load(read_text(path, "run file"), source)
+    how = "give the path of a run file (YAML), e.g. configs/tiny.yaml"
+    raw = strict_yaml.load(read_text(path, what="run file", how=how, error=RunFileError), source)
     if not isinstance(raw, dict):
         raise RunFileError(
             f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}"
@@ -156,23 +158,6 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
             f"{source}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(SECTIONS))}"
         )
     return _parse(raw, source)
-
-
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``, or a RunFileError saying why it cannot be read."""
-    p = Path(path)
-    if p.is_dir():
-        raise RunFileError(f"{p}: is a directory; give the path of a {what} (a .yaml file)")
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise RunFileError(f"{p}: no such {what}; check the path") from exc
-    except UnicodeDecodeError as exc:
-        raise RunFileError(
-            f"{p}: not UTF-8 text (byte {exc.start}); a {what} is a YAML text file"
-        ) from exc
-    except OSError as exc:
-        raise RunFileError(f"{p}: cannot read the {what} ({exc.strerror})") from exc
 
 
 def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
@@ -354,7 +339,8 @@ def load_topology(value: Any, source: str = "--topology") -> Topology:
             path = Path(value)
             if not path.is_absolute() and not path.exists():
                 path = Path(source).parent / value
-            raw = strict_yaml.load(read_text(path, "topology file"), str(path))
+            how = "give a preset name (h100, a100, ...) or the path of a topology YAML"
+            raw = strict_yaml.load(read_text(path, what="topology file", how=how), str(path))
             return Topology.from_dict(raw, source=str(path))
         if isinstance(value, str):
             return Topology.preset(value)
