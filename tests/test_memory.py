@@ -168,7 +168,8 @@ def test_the_estimate_is_within_ten_percent_of_the_measured_peak():
         "full",
         "auto, layers mixed",
     ]
-    assert set(rows[-1]["checkpointing"]) == {"none", "full"}  # auto recomputes some layers
+    modes = set(rows[-1]["checkpointing"])  # auto mixes: some layers recompute, some do not
+    assert len(modes) > 1 and modes & {"selective", "full"}, rows[-1]["checkpointing"]
     for r in rows:
         for cat in ("parameters", "optimizer"):
             plan, seen = r[cat]
