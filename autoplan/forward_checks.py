@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
+
+from autoplan.errors import PlanError
+from autoplan.inputs import InputKey, call_form, describe, label
+from autoplan.strategies.dtensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     UnsupportedOperatorException,
 )
-
-from autoplan.errors import PlanError
-from autoplan.inputs import InputKey, call_form, describe, label
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)

@@ -23,7 +23,13 @@ import torch.distributed as dist
 import torch.distributed.tensor._ops  # noqa: F401  (registers DTensor's rules)
 import torch.distributed.tensor._ops.utils as _dtensor_op_utils
 from torch._functorch.partitioners import default_partition
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh
@@ -58,6 +64,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = [
+    "DataDependentOutputException",
+    "DynamicOutputShapeException",
+    "UnsupportedOperatorException",
     "MemTracker",
     "mutates",
     "DTensorSpec",
