@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor, Replicate
 import autoplan
 from autoplan.apply import parallelize, shard_inputs
 from autoplan.models.llama3 import Transformer, tiny
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
 
 WORLD, BATCH, SEQ, VOCAB, LR = 4, 8, 16, 128, 1e-2
 TIGHT_GIB = 0.0006  # below the replicated model's 1.75 MiB: plan A must shard
