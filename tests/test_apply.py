@@ -26,8 +26,8 @@ from autoplan.models.mlp import TinyMLP
 from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
 from autoplan.runfile import load_topology
-from tests.gloo import run_workers
-from tests.test_planner import SLOW_DEVICES
+from tests.helpers.gloo import run_workers
+from tests.helpers.planning import SLOW_DEVICES
 
 WORLD = 4
 RTOL, ATOL = 1e-4, 1e-5

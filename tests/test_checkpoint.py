@@ -31,7 +31,8 @@ from torch.distributed.tensor import DTensor, Replicate
 import autoplan
 from autoplan.apply import parallelize, shard_inputs
 from autoplan.models.llama3 import Transformer, tiny
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
+from tests.helpers.planning import plan_tiny_llama
 
 WORLD, BATCH, SEQ, VOCAB, LR = 4, 8, 16, 128, 1e-2
 TIGHT_GIB = 0.0006  # below the replicated model's 1.75 MiB: plan A must shard
@@ -49,12 +50,10 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _plan(mesh, budget: float | None) -> autoplan.Plan:
-    with torch.device("meta"):
-        model = Transformer(tiny(2))
-    return autoplan.plan(
-        model,
-        lambda: torch.randint(0, VOCAB, (BATCH, SEQ)),
+    return plan_tiny_llama(
         mesh,
+        batch=BATCH,
+        seq=SEQ,
         input_placements=["S(0)R"],
         config=autoplan.PlanConfig(memory_budget_gib=budget),
         broadcast_from=0,

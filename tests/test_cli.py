@@ -7,10 +7,10 @@ import json
 from autoplan.cli import main
 from autoplan.placements import fmt
 from autoplan.plan import Plan
-from tests.test_runfile import GOOD
+from tests.helpers.runs import GOOD_RUN
 
 
-def _run_file(tmp_path, text=GOOD):
+def _run_file(tmp_path, text=GOOD_RUN):
     path = tmp_path / "run.yaml"
     path.write_text(text)
     return str(path)
@@ -54,10 +54,10 @@ def test_saved_plan_is_byte_identical_across_runs(tmp_path, capsys):
 
 def test_infeasible_exits_1_and_bad_input_exits_2(tmp_path, capsys):
     """Exit 1 when no plan fits, 2 for a bad run file."""
-    tight = GOOD.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0000001")
+    tight = GOOD_RUN.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0000001")
     assert main(["plan", _run_file(tmp_path, tight), "--quiet"]) == 1
     assert "infeasible" in capsys.readouterr().out
-    assert main(["plan", _run_file(tmp_path, GOOD.replace("mlp", "gpt5"))]) == 2
+    assert main(["plan", _run_file(tmp_path, GOOD_RUN.replace("mlp", "gpt5"))]) == 2
     assert "model.name" in capsys.readouterr().err
 
 
@@ -86,7 +86,9 @@ def test_collectives_json_rows(capsys):
 
 def test_run_file_pins_and_output_placement_reach_the_plan(tmp_path, capsys):
     """constraints.pin and constraints.output_placements are honoured; validate lists them."""
-    pinned = GOOD + 'constraints: {output_placements: ["R"], pin: {layers.0.w1.weight: "S(1)"}}\n'
+    pinned = (
+        GOOD_RUN + 'constraints: {output_placements: ["R"], pin: {layers.0.w1.weight: "S(1)"}}\n'
+    )
     path = _run_file(tmp_path, pinned)
     assert main(["validate", path]) == 0
     shown = capsys.readouterr().out
@@ -100,10 +102,10 @@ def test_run_file_pins_and_output_placement_reach_the_plan(tmp_path, capsys):
 
 def test_bad_pins_exit_2_naming_the_pin(tmp_path, capsys):
     """A pin on an unknown name, or one that does not divide the parameter, is bad input."""
-    typo = GOOD + "constraints: {pin: {layers.0.w1.weigh: R}}\n"
+    typo = GOOD_RUN + "constraints: {pin: {layers.0.w1.weigh: R}}\n"
     assert main(["plan", _run_file(tmp_path, typo), "--quiet"]) == 2
     assert "closest: layers.0.w1.weight" in capsys.readouterr().err
-    uneven = GOOD.replace("shape: [8]", "shape: [3]").replace('["S(0)"]', '["R"]')
+    uneven = GOOD_RUN.replace("shape: [8]", "shape: [3]").replace('["S(0)"]', '["R"]')
     uneven += "constraints: {pin: {layers.0.w1.weight: S(0)}}\n"
     assert main(["validate", _run_file(tmp_path, uneven)]) == 2
     assert "constraints.pin.layers.0.w1.weight = S(0) does not fit" in capsys.readouterr().err

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import autoplan
-from autoplan.models.llama3 import Transformer, tiny
 from autoplan.placements import fmt
+from tests.helpers.planning import plan_tiny_llama
 
 WQ0, WQ1 = "layers.0.attention.wq.weight", "layers.1.attention.wq.weight"
 NODE, NODE_PIN = "einsum_default", "S(1)S(2)"  # layer 0's wq einsum: sequence on dp, heads on tp
 
 
 def _plan(pins=None, **kw):
-    with torch.device("meta"):
-        model = Transformer(tiny(2))
-    return autoplan.plan(
-        model,
-        lambda: torch.randint(0, 128, (8, 16)),
+    return plan_tiny_llama(
         autoplan.fake_mesh((2, 2), ("dp", "tp")),
+        batch=8,
+        seq=16,
         input_placements=["S(0)R"],
         pins=pins,
         config=autoplan.PlanConfig(solver="highs"),  # CBC: 4-20 s on these, HiGHS ~4 s

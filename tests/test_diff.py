@@ -7,10 +7,10 @@ import json
 import pytest
 
 from autoplan.cli import main
-from tests.test_runfile import GOOD
+from tests.helpers.runs import GOOD_RUN
 
-NO_BUDGET = GOOD.replace(", memory_budget_gib: 0.001", "")
-TIGHT = GOOD.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0005")
+NO_BUDGET = GOOD_RUN.replace(", memory_budget_gib: 0.001", "")
+TIGHT = GOOD_RUN.replace("memory_budget_gib: 0.001", "memory_budget_gib: 0.0005")
 """0.0005 GiB is below the replicated MLP's 1 MiB of params+grads+optimizer, so
 the tight plan must shard parameters the unbudgeted plan replicates."""
 
@@ -74,7 +74,7 @@ def test_diff_corrupt_json_exits_2(plans, tmp_path, capsys):
 def test_validate_good_run_file(tmp_path, capsys):
     """validate on a good run file exits 0 and reports the model and mesh."""
     run = tmp_path / "run.yaml"
-    run.write_text(GOOD)
+    run.write_text(GOOD_RUN)
     assert main(["validate", str(run)]) == 0
     text = capsys.readouterr().out
     assert "OK" in text and "mesh: dp=8" in text and "mlp" in text
@@ -83,7 +83,7 @@ def test_validate_good_run_file(tmp_path, capsys):
 def test_validate_uneven_input_exits_2(tmp_path, capsys):
     """validate exits 2 when S(0) cannot split a batch of 6 over 8 ranks."""
     run = tmp_path / "run.yaml"
-    run.write_text(GOOD.replace("batch: 16", "batch: 6"))
+    run.write_text(GOOD_RUN.replace("batch: 16", "batch: 6"))
     assert main(["validate", str(run)]) == 2
     err = capsys.readouterr().err
     assert "inputs.placements[0]" in err and "S(0)" in err and "[6, 32, 64]" in err

@@ -17,18 +17,13 @@ from autoplan.ilp.incumbent import cost_of, from_plan, memory_of
 from autoplan.ilp.matrix import emit
 from autoplan.ilp.problem import Edge, Problem
 from autoplan.ilp.relax import _start_vector, relax
-from tests.test_matrix import _model, _random_problem, _routed_problem
+from tests.helpers.brute_force import problem_plans
+from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 
 
-def _plans(p: Problem):
+def _plans(p: Problem) -> list[tuple[dict[str, int], float]]:
     """Every plan that keeps the budget and has a finite cost, with its cost."""
-    for combo in itertools.product(*(range(len(c)) for c in p.linear.values())):
-        choice = dict(zip(p.linear, combo, strict=True))
-        if p.budget is not None and memory_of(p, choice) > p.budget:
-            continue
-        cost = cost_of(p, choice)
-        if math.isfinite(cost):
-            yield choice, cost
+    return [(choice, cost) for choice, cost in problem_plans(p) if math.isfinite(cost)]
 
 
 def _duals(p: Problem):
@@ -57,9 +52,9 @@ PROBLEMS = [("pairs", s) for s in range(25)] + [("flows", s) for s in range(25)]
 @pytest.mark.parametrize("kind,seed", PROBLEMS)
 def test_every_plan_costs_at_least_the_bound_plus_each_of_its_columns_price(kind, seed):
     """Whatever the messages: bound + d_j <= cost for every column j of every plan in budget."""
-    p = _random_problem(seed) if kind == "pairs" else _routed_problem(seed)
-    model = _model(p)
-    plans = list(_plans(p))
+    p = random_problem(seed) if kind == "pairs" else routed_problem(seed)
+    model = ilp_model(p)
+    plans = _plans(p)
     for dual in _duals(p):
         dj = column_reduced_costs(p, model.emitted, dual)
         assert (dj >= 0).all()
@@ -74,7 +69,7 @@ def test_every_plan_costs_at_least_the_bound_plus_each_of_its_columns_price(kind
 @pytest.mark.parametrize("kind,seed", PROBLEMS)
 def test_bound_is_no_higher_than_the_lp_relaxation(kind, seed):
     """The dual bound never passes the LP's optimum (it is a bound on the LP too)."""
-    p = _random_problem(seed) if kind == "pairs" else _routed_problem(seed)
+    p = random_problem(seed) if kind == "pairs" else routed_problem(seed)
     em = emit(p)
     if em.infeasible:  # then the matrix leaves out what cannot hold
         return
@@ -112,9 +107,9 @@ def test_sweeps_reach_the_optimum_of_a_chain():
 
 def test_a_warm_start_from_another_problem_is_not_taken():
     """Messages laid out for another problem are ignored: the ascent starts cold."""
-    other = Ascent(_random_problem(1))
+    other = Ascent(random_problem(1))
     other.raise_bound()
-    mine = Ascent(_random_problem(2), warm=other.warm())
+    mine = Ascent(random_problem(2), warm=other.warm())
     assert not mine.warmed
 
 
@@ -165,12 +160,12 @@ def test_plan_over_the_budget_is_brought_within_it_at_the_least_cost_per_byte():
 def test_relax_bound_and_fixing_keep_the_optimum_on_routed_problems():
     """relax's bound is below the optimum and its kept columns hold an optimal plan."""
     for seed in range(25):
-        p = _routed_problem(seed)
-        plans = list(_plans(p))
+        p = routed_problem(seed)
+        plans = _plans(p)
         if not plans:
             continue
         choice, best = min(plans, key=lambda cp: cp[1])
-        model = _model(p)
+        model = ilp_model(p)
         rel = relax(model)
         assert rel.bound <= best + 1e-9 * max(1.0, best)
         keep = rel.keep()
@@ -186,7 +181,7 @@ def test_relax_bound_and_fixing_keep_the_optimum_on_routed_problems():
 
 def test_sweeps_stop_at_the_time_limit_with_a_valid_bound():
     """Out of time the ascent stops sweeping and searching λ, and its bound still holds."""
-    p = _routed_problem(24)
+    p = routed_problem(24)
     free = Ascent(p)
     free.raise_bound()
     ascent = Ascent(p, time_limit_s=0.0)

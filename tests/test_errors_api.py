@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 import autoplan
 from autoplan.trace import mean_loss
-from tests.bad_input import assert_plan_error
+from tests.helpers.bad_input import assert_plan_error
 
 DIM = 8
 

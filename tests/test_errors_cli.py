@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import autoplan.cli
-from tests.bad_input import TINY_RUN, assert_clear, cli
+from tests.helpers.bad_input import assert_clear, cli
+from tests.helpers.runs import TINY_RUN
 
 
 @pytest.fixture

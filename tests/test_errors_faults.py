@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from autoplan.ilp import backends
-from tests.bad_input import TINY_RUN, assert_clear, cli
+from tests.helpers.bad_input import assert_clear, cli
+from tests.helpers.runs import TINY_RUN
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autoplan.runfile import load_run
-from tests.bad_input import TINY_RUN, assert_clear, assert_plan_error, cli
+from tests.helpers.bad_input import assert_clear, assert_plan_error, cli
+from tests.helpers.runs import TINY_RUN
 
 MODEL = "model:\n  name: llama3\n  args: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 128, multiple_of: 32, max_seq_len: 32}\n"  # noqa: E501
 

@@ -19,7 +19,8 @@ from autoplan.mesh import fake_mesh
 from autoplan.placements import parse
 from autoplan.plan import Plan
 from autoplan.runfile import load_run
-from tests.bad_input import TINY_RUN, assert_clear, assert_plan_error, cli
+from tests.helpers.bad_input import assert_clear, assert_plan_error, cli
+from tests.helpers.runs import TINY_RUN
 
 WQ = "layers.0.attention.wq.weight"
 FIX = ("re-plan", "--out")  # every message on a bad field says how to get a good plan

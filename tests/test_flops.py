@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import autoplan.cost.flops as flops
 from autoplan.cost.flops import op_flops
 from autoplan.rewrite.einsum import rewrite_linear_to_einsum
-from tests.test_rewrite_einsum import trace_step
+from tests.helpers.tracing import trace_step
 
 aten = torch.ops.aten
 

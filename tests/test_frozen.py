@@ -26,7 +26,7 @@ from autoplan.plan import Plan
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
 
 WORLD, MESH, AXES = 4, (2, 2), ("dp", "tp")
 STEPS, LR, VOCAB = 3, 1e-2, 32

@@ -22,7 +22,7 @@ from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
 
 pytest.importorskip("transformers")
 

@@ -21,7 +21,7 @@ import autoplan
 from autoplan.apply import parallelize, shard_inputs
 from autoplan.models import hf
 from autoplan.placements import fmt
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
 
 pytest.importorskip("transformers")
 

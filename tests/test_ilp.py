@@ -5,7 +5,6 @@ enumerate, so the ILP's optimum is checked exactly, not bounded.
 """
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Mapping
 
@@ -26,98 +25,10 @@ from autoplan.strategies.table import (
     StrategyTable,
     TensorInfo,
 )
+from tests.helpers.brute_force import brute_force, combos, footprint, step_time
+from tests.helpers.ilp_problems import FEASIBLE_MEMORY_SEEDS, SEEDS, random_costs
 
-SEEDS = range(30)
 APPROX = {"rel": 1e-6, "abs": 1e-6}
-
-
-# ---------------------------------------------------------------- random problems
-
-
-def _edge(rng: np.random.Generator, u: str, v: str, slot: int, n_u: int, n_v: int) -> EdgeCost:
-    """A random edge: random placement groups on both sides, ~20% impossible moves."""
-    rows, cols = int(rng.integers(1, n_u + 1)), int(rng.integers(1, n_v + 1))
-    cost = rng.uniform(0.0, 10.0, size=(rows, cols))
-    cost[rng.random((rows, cols)) < 0.1] = 0.0
-    cost[rng.random((rows, cols)) < 0.2] = np.inf
-    return EdgeCost(
-        src=u,
-        src_out=0,
-        dst=v,
-        slot=slot,
-        src_group=rng.integers(0, rows, size=n_u),
-        dst_group=rng.integers(0, cols, size=n_v),
-        cost=cost,
-    )
-
-
-def _random_costs(seed: int, *, grad_edges: bool = False, memory: bool = False) -> CostTable:
-    """A random DAG of 2..6 nodes with 1..4 strategies each (optionally gradients, memory)."""
-    rng = np.random.default_rng(seed)
-    names = [f"n{k}" for k in range(int(rng.integers(2, 7)))]
-    sizes = {v: int(rng.integers(1, 5)) for v in names}
-    compute = {v: rng.uniform(0.0, 20.0, size=sizes[v]) for v in names}
-    edges: list[EdgeCost] = []
-    for b, v in enumerate(names):
-        slot = 0
-        for u in names[:b]:
-            if rng.random() < 0.5:
-                edges.append(_edge(rng, u, v, slot, sizes[u], sizes[v]))
-                slot += 1
-    if grad_edges:
-        # a later node's "gradient" flows back to an earlier "parameter"; n0 always gets one
-        for a, p in enumerate(names[:-1]):
-            if a == 0 or rng.random() < 0.6:
-                g = names[int(rng.integers(a + 1, len(names)))]
-                edges.append(_edge(rng, g, p, GRAD_SLOT, sizes[g], sizes[p]))
-    mem: dict[str, np.ndarray] = {}
-    if memory:
-        params = [v for v in names if rng.random() < 0.6] or names[:1]
-        mem = {p: rng.integers(1, 100, size=sizes[p]).astype(np.float64) for p in params}
-    return CostTable(compute=compute, edges=tuple(edges), memory=mem)
-
-
-# ---------------------------------------------------------------- brute force
-
-
-def _total(costs: CostTable, choice: Mapping[str, int]) -> float:
-    """Step time of ``choice`` by the ILP's objective, inf when a move is impossible."""
-    total = sum(float(costs.compute[v][i]) for v, i in choice.items())
-    for e in costs.edges:
-        total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
-    return total
-
-
-def _memory(costs: CostTable, choice: Mapping[str, int]) -> float:
-    """Bytes per device of ``choice``: the memory constraint's left-hand side."""
-    return sum(float(m[choice[p]]) for p, m in costs.memory.items())
-
-
-def _combos(
-    costs: CostTable, allowed: Mapping[str, np.ndarray] | None = None
-) -> list[dict[str, int]]:
-    """Every combination of allowed strategies, one dict per plan."""
-    names = list(costs.compute)
-    ranges = [
-        np.flatnonzero((allowed or {}).get(v, np.ones(len(costs.compute[v]), dtype=bool)))
-        for v in names
-    ]
-    return [dict(zip(names, map(int, c), strict=True)) for c in itertools.product(*ranges)]
-
-
-def _brute_force(
-    costs: CostTable,
-    *,
-    allowed: Mapping[str, np.ndarray] | None = None,
-    budget: float | None = None,
-) -> float:
-    """Minimum of ``_total`` over every allowed combination within the budget (inf if none)."""
-    best = math.inf
-    for choice in _combos(costs, allowed):
-        if budget is not None and _memory(costs, choice) > budget:
-            continue
-        best = min(best, _total(costs, choice))
-    return best
 
 
 def _check_against_brute_force(
@@ -127,7 +38,7 @@ def _check_against_brute_force(
     budget: float | None = None,
 ) -> str:
     """Solve with CBC and compare with brute force; returns how the case ended."""
-    best = _brute_force(costs, allowed=allowed, budget=budget)
+    best = brute_force(costs, allowed=allowed, budget=budget)
     if not math.isfinite(best):
         try:
             model = build_ilp(costs, allowed=allowed, memory_budget_bytes=budget)
@@ -141,15 +52,10 @@ def _check_against_brute_force(
     assert set(sol.choice) == set(costs.compute)
     for v, i in (allowed or {}).items():
         assert i[sol.choice[v]], f"{v} got strategy {sol.choice[v]} outside its mask"
-    assert _total(costs, sol.choice) == pytest.approx(sol.objective_us, **APPROX)
+    assert step_time(costs, sol.choice) == pytest.approx(sol.objective_us, **APPROX)
     if budget is not None:
-        assert _memory(costs, sol.choice) <= budget
+        assert footprint(costs, sol.choice) <= budget
     return "optimal"
-
-
-FEASIBLE_MEMORY_SEEDS = [
-    s for s in SEEDS if math.isfinite(_brute_force(_random_costs(s, memory=True)))
-][:10]
 
 
 # ---------------------------------------------------------------- build_ilp + solve
@@ -158,12 +64,12 @@ FEASIBLE_MEMORY_SEEDS = [
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_dag_matches_brute_force(seed):
     """On a random DAG the ILP optimum and its choice's cost equal brute force."""
-    _check_against_brute_force(_random_costs(seed))
+    _check_against_brute_force(random_costs(seed))
 
 
 def test_random_cases_cover_feasible_and_infeasible():
     """The random seeds exercise both outcomes, so the brute-force check is not vacuous."""
-    best = [_brute_force(_random_costs(seed)) for seed in SEEDS]
+    best = [brute_force(random_costs(seed)) for seed in SEEDS]
     assert any(math.isfinite(b) for b in best)
     assert any(not math.isfinite(b) for b in best)
 
@@ -205,8 +111,8 @@ def test_node_with_only_infinite_compute_raises():
 @pytest.mark.parametrize("seed", SEEDS)
 def test_memory_budget_matches_brute_force(seed):
     """Under a memory budget between the smallest and largest footprint, ILP equals brute force."""
-    costs = _random_costs(seed, memory=True)
-    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    costs = random_costs(seed, memory=True)
+    footprints = sorted({footprint(costs, c) for c in combos(costs)})
     budget = footprints[len(footprints) // 2]
     _check_against_brute_force(costs, budget=budget)
 
@@ -214,7 +120,7 @@ def test_memory_budget_matches_brute_force(seed):
 @pytest.mark.parametrize("seed", FEASIBLE_MEMORY_SEEDS)
 def test_memory_budget_below_minimum_is_infeasible(seed):
     """A budget below every plan's footprint makes an otherwise feasible solve infeasible."""
-    costs = _random_costs(seed, memory=True)
+    costs = random_costs(seed, memory=True)
     smallest = sum(float(m.min()) for m in costs.memory.values())
     assert solve(build_ilp(costs, memory_budget_bytes=smallest - 1), solver="cbc").status == (
         "infeasible"
@@ -227,8 +133,8 @@ def test_an_ilp_moved_to_a_smaller_budget_is_the_one_built_for_it():
     a larger budget, one below every footprint, or no memory row to move."""
     moved_any = 0
     for seed in range(16):
-        costs = _random_costs(seed, memory=True)
-        footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+        costs = random_costs(seed, memory=True)
+        footprints = sorted({footprint(costs, c) for c in combos(costs)})
         try:
             built = [build_ilp(costs, memory_budget_bytes=f) for f in footprints]
         except InfeasibleError:
@@ -249,7 +155,7 @@ def test_an_ilp_moved_to_a_smaller_budget_is_the_one_built_for_it():
                     getattr(moved.emitted.matrix, name), getattr(want, name)
                 )
             np.testing.assert_allclose(moved.emitted.matrix.row_upper, want.row_upper)
-            sol, best = solve(moved, solver="cbc"), _brute_force(costs, budget=footprints[low])
+            sol, best = solve(moved, solver="cbc"), brute_force(costs, budget=footprints[low])
             if math.isfinite(best):
                 assert sol.objective_us == pytest.approx(best, **APPROX)
             else:
@@ -313,7 +219,7 @@ def test_memory_budget_below_fixed_footprint_with_free_node_is_infeasible():
 @pytest.mark.parametrize("seed", SEEDS)
 def test_allowed_single_strategy_is_chosen(seed):
     """A node restricted to one strategy gets it, and the optimum equals brute force."""
-    costs = _random_costs(seed)
+    costs = random_costs(seed)
     rng = np.random.default_rng(1000 + seed)
     names = list(costs.compute)
     v = names[int(rng.integers(len(names)))]
@@ -329,7 +235,7 @@ def test_allowed_single_strategy_is_chosen(seed):
 def test_many_lone_nodes_fold_and_match_brute_force(seed):
     """Half the nodes kept to one strategy (as untying narrows them): every edge touching one
     is folded away and the optimum equals brute force."""
-    costs = _random_costs(seed)
+    costs = random_costs(seed)
     rng = np.random.default_rng(3000 + seed)
     allowed = {}
     for v, c in list(costs.compute.items())[::2]:
@@ -342,7 +248,7 @@ def test_many_lone_nodes_fold_and_match_brute_force(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_allowed_masks_match_brute_force(seed):
     """Random masks on every node (each keeping >= 1 strategy) give the brute-force optimum."""
-    costs = _random_costs(seed)
+    costs = random_costs(seed)
     rng = np.random.default_rng(2000 + seed)
     allowed = {}
     for v, c in costs.compute.items():
@@ -355,7 +261,7 @@ def test_allowed_masks_match_brute_force(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gradient_edges_match_brute_force(seed):
     """Gradient edges (slot -1) from later to earlier nodes are plain pairwise costs."""
-    costs = _random_costs(seed, grad_edges=True)
+    costs = random_costs(seed, grad_edges=True)
     assert any(e.slot == GRAD_SLOT for e in costs.edges)
     _check_against_brute_force(costs)
 
@@ -381,7 +287,7 @@ def test_two_cycle_of_edges_matches_brute_force():
     )
     sol = solve(build_ilp(costs), solver="cbc")
     assert sol.choice == {"p": 1, "g": 1}
-    assert sol.objective_us == pytest.approx(_brute_force(costs), **APPROX)
+    assert sol.objective_us == pytest.approx(brute_force(costs), **APPROX)
 
 
 # ---------------------------------------------------------------- collapse_followers
@@ -466,10 +372,10 @@ def test_collapse_follower_keeps_optimum(seed):
     reduced = solve(build_ilp(reduction.costs), solver="cbc")
     full = solve(build_ilp(costs), solver="cbc")
     assert reduced.objective_us == pytest.approx(full.objective_us, **APPROX)
-    assert reduced.objective_us == pytest.approx(_brute_force(costs), **APPROX)
+    assert reduced.objective_us == pytest.approx(brute_force(costs), **APPROX)
     choice = reduction.expand(reduced.choice)
     assert set(choice) == set(costs.compute)
-    assert _total(costs, choice) == pytest.approx(reduced.objective_us, **APPROX)
+    assert step_time(costs, choice) == pytest.approx(reduced.objective_us, **APPROX)
 
 
 def test_collapse_keep_prevents_merge():
@@ -558,7 +464,7 @@ def test_recomputation_and_activations_match_brute_force(seed):
     """Activation checkpointing's pricing (recomputed nodes: compute twice and every move
     into them a second, parallel edge) with activation bytes in the memory row: the ILP
     under a budget equals brute force, and the second edges are priced in full."""
-    costs = _random_costs(seed, memory=True)
+    costs = random_costs(seed, memory=True)
     rng = np.random.default_rng(seed + 1000)
     names = list(costs.compute)
     kept = {v: rng.integers(1, 60, size=len(costs.compute[v])).astype(np.float64) for v in names}
@@ -567,13 +473,13 @@ def test_recomputation_and_activations_match_brute_force(seed):
     })  # fmt: skip
     chosen = [v for v in names[1:] if rng.random() < 0.5] or names[-1:]
     again = priced_recompute(costs, chosen)
-    for choice in _combos(costs)[:20]:
+    for choice in combos(costs)[:20]:
         extra = sum(float(costs.compute[v][choice[v]]) for v in chosen)
         extra += sum(
             float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
             for e in costs.edges
             if e.dst in chosen
         )
-        assert _total(again, choice) == pytest.approx(_total(costs, choice) + extra, **APPROX)
-    footprints = sorted({_memory(again, c) for c in _combos(again)})
+        assert step_time(again, choice) == pytest.approx(step_time(costs, choice) + extra, **APPROX)
+    footprints = sorted({footprint(again, c) for c in combos(again)})
     _check_against_brute_force(again, budget=footprints[len(footprints) // 2])

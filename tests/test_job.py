@@ -15,7 +15,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.models.mlp import TinyMLP
-from tests.gloo import run_workers
+from tests.helpers.gloo import run_workers
 
 WORLD = 4
 

@@ -21,6 +21,7 @@ from autoplan.recompute import checkpointed, layer_names, recompute_set
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
+from tests.helpers.planning import plan_tiny_llama
 
 
 def _tiny(layers: int, shape: tuple[int, ...], *, routes: bool = False):
@@ -89,12 +90,11 @@ def test_a_layer_takes_one_mode_even_where_its_prices_would_split_it():
 
 
 def _plan(budget: float, mode: str) -> autoplan.Plan:
-    with torch.device("meta"):
-        model = Transformer(tiny(4))
-    return autoplan.plan(
-        model,
-        lambda: torch.randint(0, 128, (8, 32)),
+    return plan_tiny_llama(
         autoplan.fake_mesh((4,), ("dp",)),
+        num_layers=4,
+        batch=8,
+        seq=32,
         input_placements=["S(0)"],
         config=autoplan.PlanConfig(
             memory_budget_gib=budget, activation_checkpointing=mode, activation_memory=True

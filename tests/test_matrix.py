@@ -9,68 +9,24 @@ import time
 import numpy as np
 import pytest
 
-from autoplan.cost.closure import closure, route_arcs
-from autoplan.cost.routes import Network
 from autoplan.ilp.backends import RunResult, run, write_mps
-from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import cost_of, memory_of
 from autoplan.ilp.matrix import _Flow, emit
 from autoplan.ilp.problem import Edge, Problem
 from autoplan.ilp.solve import _start_vector, solve
+from tests.helpers.brute_force import brute_force_problem
+from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 
 SOLVERS = ["cbc", "highs"]
-
-
-def _random_problem(seed: int) -> Problem:
-    """Classes of 1-3 strategies (some impossible), edges with impossible moves, a budget.
-
-    Not simplified: lone-strategy classes keep their edges, so the emitter must move
-    their constant indicator to the right-hand side.
-    """
-    rng = np.random.default_rng(seed)
-    names = [f"n{k}" for k in range(int(rng.integers(3, 6)))]
-    linear, memory = {}, {}
-    for v in names:
-        cost = rng.uniform(0.0, 10.0, int(rng.integers(1, 4)))
-        if len(cost) > 1 and rng.random() < 0.3:
-            cost[int(rng.integers(len(cost)))] = math.inf
-        linear[v] = cost
-        if rng.random() < 0.5:
-            memory[v] = rng.choice([10.0, 20.0, 40.0], len(cost))
-    edges = []
-    for _ in range(int(rng.integers(2, 6))):
-        a, b = rng.choice(len(names), 2, replace=False)
-        u, v = names[a], names[b]
-        src_group = rng.integers(0, 2, len(linear[u]))
-        dst_group = rng.integers(0, 2, len(linear[v]))
-        cost = rng.uniform(0.0, 5.0, (int(src_group.max()) + 1, int(dst_group.max()) + 1))
-        cost[rng.random(cost.shape) < 0.15] = math.inf
-        edges.append(Edge(u, v, src_group, dst_group, cost, f"{u} -> {v}"))
-    budget = float(sum(m.max() for m in memory.values()) * 0.7) if memory else None
-    return Problem(linear, memory, edges, {v: v for v in names}, budget)
-
-
-def _brute_force(p: Problem) -> float:
-    best = math.inf
-    for combo in itertools.product(*(range(len(c)) for c in p.linear.values())):
-        choice = dict(zip(p.linear, combo, strict=True))
-        if p.budget is not None and memory_of(p, choice) > p.budget:
-            continue
-        best = min(best, cost_of(p, choice))
-    return best
-
-
-def _model(p: Problem) -> IlpModel:
-    return IlpModel(emit(p), p, {v: np.isfinite(c) for v, c in p.linear.items()})
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize("seed", range(25))
 def test_emitted_matrix_solves_to_brute_force(seed, solver):
     """Unsimplified random problems (lone-strategy ends, impossible moves, a budget) solve exactly."""
-    p = _random_problem(seed)
-    best = _brute_force(p)
-    sol = solve(_model(p), solver=solver)
+    p = random_problem(seed)
+    best = brute_force_problem(p)
+    sol = solve(ilp_model(p), solver=solver)
     if not math.isfinite(best):
         assert sol.status == "infeasible"
         return
@@ -81,7 +37,7 @@ def test_emitted_matrix_solves_to_brute_force(seed, solver):
 
 def test_random_problems_cover_lone_strategies_and_infeasible_cases():
     """The random cases above include lone-strategy classes on edges and infeasible problems."""
-    problems = [_random_problem(s) for s in range(25)]
+    problems = [random_problem(s) for s in range(25)]
     lone = sum(
         1
         for p in problems
@@ -89,7 +45,7 @@ def test_random_problems_cover_lone_strategies_and_infeasible_cases():
         if len(p.linear[e.src]) == 1 or len(p.linear[e.dst]) == 1
     )
     assert lone >= 5
-    assert any(not math.isfinite(_brute_force(p)) for p in problems)
+    assert any(not math.isfinite(brute_force_problem(p)) for p in problems)
 
 
 def test_lone_strategy_class_has_no_column_and_sets_the_rows_right_hand_side():
@@ -124,7 +80,7 @@ def test_lp_relaxation_returns_reduced_costs(solver):
 
 def test_mps_declares_every_column_once_in_order(tmp_path):
     """The MPS file lists binaries between markers and each column's entries together."""
-    p = _random_problem(3)
+    p = random_problem(3)
     em = emit(p)
     path = tmp_path / "m.mps"
     write_mps(em.matrix, str(path))
@@ -167,7 +123,7 @@ def _read_mps(path) -> dict:
 def test_mps_file_reads_back_as_the_matrix(seed, tmp_path):
     """Every cost, entry, row bound, upper bound and binary mark in the MPS file is the matrix's, exactly."""
     rng = np.random.default_rng(seed)
-    m = emit(_random_problem(seed)).matrix
+    m = emit(random_problem(seed)).matrix
     m.cost[:] = rng.uniform(0.0, 1e6, m.num_cols) / 3.0  # values that need all 17 digits
     m.offset = 1.25 * seed
     path = tmp_path / "m.mps"
@@ -195,10 +151,10 @@ def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypa
 
     p = next(
         q
-        for q in map(_random_problem, range(100))
-        if q.budget is not None and math.isfinite(_brute_force(q))
+        for q in map(random_problem, range(100))
+        if q.budget is not None and math.isfinite(brute_force_problem(q))
     )
-    model = _model(p)
+    model = ilp_model(p)
     real_run = solve_module.run
 
     def stopped(m, solver, *, mip, **kwargs):
@@ -215,54 +171,13 @@ def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypa
     assert memory_of(p, sol.choice) <= p.budget
 
 
-def _routed_problem(seed: int) -> Problem:
-    """Random problems whose edges are route-priced: cost = a network's cheapest-route prices.
-
-    Classes of 1-4 strategies, each its own row or column; lone-strategy ends included.
-    Some edges stand for 2 or 3 tied ones: their prices are the shared network's, scaled.
-    """
-    rng = np.random.default_rng(1000 + seed)
-    names = [f"n{k}" for k in range(int(rng.integers(3, 6)))]
-    linear = {v: rng.uniform(0.0, 10.0, int(rng.integers(1, 5))) for v in names}
-    memory = {v: rng.choice([10.0, 20.0, 40.0], len(linear[v])) for v in names[:2]}
-    edges = []
-    for _ in range(int(rng.integers(2, 6))):
-        a, b = rng.choice(len(names), 2, replace=False)
-        u, v = names[a], names[b]
-        n = int(rng.integers(3, 6))
-        direct = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0], (n, n))
-        direct[rng.random((n, n)) < 0.25] = math.inf
-        dist = closure(direct)
-        arc_src, arc_dst = np.nonzero(route_arcs(direct, dist))
-        net = Network(tuple(range(n)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
-        row_state = rng.choice(n, len(linear[u]))
-        col_state = rng.choice(n, len(linear[v]))
-        scale = float(rng.choice([1, 2, 3]))
-        edges.append(
-            Edge(
-                u,
-                v,
-                np.arange(len(linear[u])),
-                np.arange(len(linear[v])),
-                dist[np.ix_(row_state, col_state)] * scale,
-                f"{u} -> {v}",
-                net=net,
-                row_state=row_state,
-                col_state=col_state,
-                net_scale=scale,
-            )  # fmt: skip
-        )
-    budget = float(sum(m.max() for m in memory.values()) * 0.7)
-    return Problem(linear, memory, edges, {v: v for v in names}, budget)
-
-
 @pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize("seed", range(25))
 def test_flow_edges_solve_to_brute_force(seed, solver):
     """Route-priced edges laid out as flows over their networks' moves solve exactly, warm start included."""
-    p = _routed_problem(seed)
-    best = _brute_force(p)
-    model = _model(p)
+    p = routed_problem(seed)
+    best = brute_force_problem(p)
+    model = ilp_model(p)
     sol = solve(model, solver=solver)
     if not math.isfinite(best):
         assert sol.status == "infeasible"
@@ -283,7 +198,7 @@ def test_flow_edges_solve_to_brute_force(seed, solver):
 def test_routed_problems_are_laid_out_as_flows():
     """The cases above do exercise the flow layout (not only the pairwise one)."""
     flows = sum(
-        isinstance(cols, _Flow) for s in range(25) for cols in emit(_routed_problem(s)).edge_cols
+        isinstance(cols, _Flow) for s in range(25) for cols in emit(routed_problem(s)).edge_cols
     )
     assert flows >= 10
 
@@ -298,9 +213,11 @@ def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
     slow.chmod(0o755)
     monkeypatch.setattr(backends, "cbc_path", lambda: str(slow))
     monkeypatch.setattr(backends, "_GRACE_S", 0.5)
-    p = _random_problem(0)
+    p = random_problem(0)
     began = time.perf_counter()
-    result = backends.run(_model(p).emitted.matrix, "cbc", mip=True, time_limit_s=0.2, mip_gap=0.0)
+    result = backends.run(
+        ilp_model(p).emitted.matrix, "cbc", mip=True, time_limit_s=0.2, mip_gap=0.0
+    )
     assert result.status == "stopped" and result.x is None
     assert time.perf_counter() - began < 10
 
@@ -310,7 +227,7 @@ def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_
     """CBC's "Integer infeasible" proves nothing when it comes at -sec (preprocessing cut short)."""
     from autoplan.ilp import backends
 
-    m = emit(_random_problem(0)).matrix
+    m = emit(random_problem(0)).matrix
     limit = 0.05
 
     def fake_cbc(args, wait):

@@ -26,6 +26,7 @@ from autoplan.recompute import layer_names, recompute_set, with_recompute
 from autoplan.rewrite import rewrite
 from autoplan.runfile import load_run
 from autoplan.trace import trace_joint
+from tests.helpers.planning import plan_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 8, 32
@@ -33,12 +34,10 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "transient"
 
 
 def _plan(mesh: tuple[int, ...] = (2, 2), **config) -> autoplan.Plan:
-    with torch.device("meta"):
-        model = Transformer(tiny(2))
-    return autoplan.plan(
-        model,
-        lambda: torch.randint(0, 128, (BATCH, SEQ)),
+    return plan_tiny_llama(
         autoplan.fake_mesh(mesh, ("dp", "tp")[: len(mesh)]),
+        batch=BATCH,
+        seq=SEQ,
         input_placements="S(0)" + "R" * (len(mesh) - 1),
         config=autoplan.PlanConfig(**config),
     )

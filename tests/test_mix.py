@@ -10,8 +10,8 @@ from autoplan.ilp.build import build_ilp
 from autoplan.ilp.mix import _hull, mix_layers
 from autoplan.ilp.solve import relax
 from autoplan.ilp.untie import solve_untying
-from tests.test_ilp import _brute_force, _memory, _total
-from tests.test_untie import _budget, _stack, _tie_layers
+from tests.helpers.brute_force import brute_force, footprint, step_time
+from tests.helpers.ilp_problems import budget_between, layer_stack, tie_layers
 
 
 def _weights_stack(num_layers: int) -> CostTable:
@@ -37,13 +37,13 @@ def test_mix_takes_the_fast_weight_in_as_many_layers_as_the_budget_holds():
     takes the big one in four layers and the small one in two, the brute-force optimum."""
     costs = _weights_stack(6)
     budget = 4 * 10.0 + 2 * 2.0
-    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     relaxed = relax(model)
     assert relaxed.lp_values["w0"][0] == pytest.approx(4 / 6)
     choice, cost = mix_layers(costs, model, relaxed)
     assert sorted(choice[f"w{k}"] for k in range(6)) == [0, 0, 0, 0, 1, 1]
-    assert cost == pytest.approx(_total(costs, choice))
-    assert cost == pytest.approx(_brute_force(costs, budget=budget))
+    assert cost == pytest.approx(step_time(costs, choice))
+    assert cost == pytest.approx(brute_force(costs, budget=budget))
     assert cost < relaxed.upper  # no tied plan mixes: it pays for the small weight six times
 
 
@@ -51,9 +51,9 @@ def test_untie_stage_returns_the_mix_when_it_is_near_the_bound():
     """solve_untying on the same stack: the optimum, with the layers split."""
     costs = _weights_stack(6)
     budget = 4 * 10.0 + 2 * 2.0
-    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     solution, split = solve_untying(costs, model)
-    assert solution.objective_us == pytest.approx(_brute_force(costs, budget=budget))
+    assert solution.objective_us == pytest.approx(brute_force(costs, budget=budget))
     assert split > 0
 
 
@@ -62,21 +62,21 @@ def test_untie_stage_returns_the_mix_when_it_is_near_the_bound():
 def test_mix_fits_the_budget_and_costs_what_it_says(seed, coupled):
     """Random stacks: when there is a mix, it meets the budget, is priced exactly and is no
     cheaper than the brute-force optimum."""
-    costs = _stack(3, seed, coupled=coupled)
-    budget = _budget(costs, 0.3 + 0.2 * (seed % 3))
-    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    costs = layer_stack(3, seed, coupled=coupled)
+    budget = budget_between(costs, 0.3 + 0.2 * (seed % 3))
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     found = mix_layers(costs, model, relax(model))
     assert found is not None
     choice, cost = found
-    assert _memory(costs, choice) <= budget
-    assert cost == pytest.approx(_total(costs, choice))
-    assert cost >= _brute_force(costs, budget=budget) - 1e-9
+    assert footprint(costs, choice) <= budget
+    assert cost == pytest.approx(step_time(costs, choice))
+    assert cost >= brute_force(costs, budget=budget) - 1e-9
 
 
 def test_no_mix_without_a_budget():
     """With no budget there is no knapsack to mix over."""
     costs = _weights_stack(3)
-    model = build_ilp(costs, tie=_tie_layers(costs))
+    model = build_ilp(costs, tie=tie_layers(costs))
     assert mix_layers(costs, model, relax(model)) is None
 
 

@@ -9,35 +9,16 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.cost.topology import Device, Topology
 from autoplan.placements import fmt
 from autoplan.plan import PHASES
 from autoplan.strategies.dtensor import Replicate, Shard
-
-
-def _plan(model, mesh, **config):
-    return autoplan.plan(
-        model,
-        lambda: torch.randn(16, 32, 64),
-        mesh,
-        config=autoplan.PlanConfig(**config),
-        input_placements=["S(0)"],
-    )
-
-
-# On H100s the tiny MLP's kernels sit at the per-kernel time floor, so computing replicated
-# is free and beats any gradient reduction; on devices 10^5 times slower compute dominates.
-SLOW_DEVICES = Topology(
-    device=Device(
-        "slow", peak_bf16_tflops=0.01, peak_fp32_tflops=0.01, hbm_gbps=10.0, memory_gib=80.0
-    )
-)
+from tests.helpers.planning import SLOW_DEVICES, plan_mlp
 
 
 def test_no_budget_gives_replicated_weights_ddp_like(meta_mlp, mesh8):
     """Without a memory limit (and with compute that matters), data parallelism with
     replicated weights is cheapest."""
-    plan = _plan(meta_mlp, mesh8, topology=SLOW_DEVICES)
+    plan = plan_mlp(meta_mlp, mesh8, topology=SLOW_DEVICES)
     assert plan.status == "optimal"
     assert all(p == (Replicate(),) for p in plan.param_placements.values())
     assert plan.comm["all_reduce"]["count"] >= len(plan.param_placements)
@@ -46,7 +27,7 @@ def test_no_budget_gives_replicated_weights_ddp_like(meta_mlp, mesh8):
 def test_tight_budget_gives_sharded_weights_fsdp_like(meta_mlp, mesh8):
     """A budget below replicated weights forces every weight to be sharded."""
     replicated = 4 * 4 * sum(p.numel() for p in meta_mlp.parameters())
-    plan = _plan(meta_mlp, mesh8, memory_budget_gib=replicated / 4 / 2**30)
+    plan = plan_mlp(meta_mlp, mesh8, memory_budget_gib=replicated / 4 / 2**30)
     assert plan.status == "optimal"
     assert all(isinstance(p[0], Shard) for p in plan.param_placements.values())
     assert plan.memory_bytes <= replicated / 4
@@ -55,7 +36,7 @@ def test_tight_budget_gives_sharded_weights_fsdp_like(meta_mlp, mesh8):
 
 def test_objective_is_compute_plus_comm(meta_mlp, mesh8):
     """The reported objective splits exactly into compute and comm."""
-    plan = _plan(meta_mlp, mesh8)
+    plan = plan_mlp(meta_mlp, mesh8)
     assert plan.objective_us == pytest.approx(plan.compute_us + plan.comm_us)
     assert set(plan.timings) == set(PHASES)
     assert plan.ilp_size["variables"] > 0
@@ -63,7 +44,7 @@ def test_objective_is_compute_plus_comm(meta_mlp, mesh8):
 
 def test_input_placement_is_honoured(meta_mlp, mesh8):
     """The input node runs the placement the user asked for."""
-    plan = _plan(meta_mlp, mesh8)
+    plan = plan_mlp(meta_mlp, mesh8)
     inputs = [v for v in plan.node_placements.values() if v["op"] == "placeholder"]
     assert any(v["out"] == ["S(0)"] for v in inputs)
     plan_r = autoplan.plan(
@@ -81,7 +62,7 @@ def test_impossible_input_placement_is_a_clear_error(meta_mlp, mesh8):
 
 def test_infeasible_budget_names_budget_and_smallest_feasible(meta_mlp, mesh8):
     """A budget below the fully sharded footprint is infeasible and says what would fit."""
-    plan = _plan(meta_mlp, mesh8, memory_budget_gib=1e-6)
+    plan = plan_mlp(meta_mlp, mesh8, memory_budget_gib=1e-6)
     assert plan.status == "infeasible"
     assert "memory_budget_gib (1e-06)" in plan.message
     smallest = 4 * 4 * sum(p.numel() for p in meta_mlp.parameters()) / 8
@@ -91,7 +72,7 @@ def test_infeasible_budget_names_budget_and_smallest_feasible(meta_mlp, mesh8):
 
 def test_plan_json_round_trips_exactly(meta_mlp, mesh8, tmp_path):
     """save then load gives an equal Plan, placements included."""
-    plan = _plan(meta_mlp, mesh8, memory_budget_gib=3e-4)
+    plan = plan_mlp(meta_mlp, mesh8, memory_budget_gib=3e-4)
     assert plan.status == "optimal"
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -107,7 +88,7 @@ def test_plan_json_round_trips_exactly(meta_mlp, mesh8, tmp_path):
 
 def test_plan_within_mip_gap_reports_its_gap_and_bound(meta_mlp, mesh8):
     """With plan.mip_gap the plan is "optimal" within it: the bound and the gap say how far."""
-    plan = _plan(meta_mlp, mesh8, memory_budget_gib=3e-4, mip_gap=0.05)
+    plan = plan_mlp(meta_mlp, mesh8, memory_budget_gib=3e-4, mip_gap=0.05)
     assert plan.status == "optimal" and plan.bound_us <= plan.objective_us
     assert 0.0 <= plan.gap <= 0.05 + 1e-9  # proved within the gap allowed, no closer
     assert f"optimal (gap {plan.gap:.3%})" in plan.summary()
@@ -115,7 +96,7 @@ def test_plan_within_mip_gap_reports_its_gap_and_bound(meta_mlp, mesh8):
 
 def test_summary_lists_phases_status_and_params(meta_mlp, mesh8):
     """The summary shows timings, ILP size, status, objective split and placements by kind."""
-    text = _plan(meta_mlp, mesh8).summary()
+    text = plan_mlp(meta_mlp, mesh8).summary()
     for needle in ("phases (s):", "ILP:", "optimal", "compute", "comm", "w1", "w2"):
         assert needle in text
 
@@ -126,7 +107,7 @@ def test_planning_leaves_the_garbage_collector_unfrozen(meta_mlp, mesh8):
     import gc
 
     before = gc.get_freeze_count()
-    assert _plan(meta_mlp, mesh8).status == "optimal"
+    assert plan_mlp(meta_mlp, mesh8).status == "optimal"
     assert gc.get_freeze_count() == before
     with pytest.raises(ValueError, match="input_placements"):
         autoplan.plan(meta_mlp, lambda: torch.randn(16, 32, 64), mesh8, input_placements=["S(7)"])

@@ -9,15 +9,15 @@ import autoplan
 from autoplan.cost.price import GRAD_SLOT, price
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
-from tests.test_planner import _plan
+from tests.helpers.planning import plan_mlp
 
 
 def test_memory_matches_hand_arithmetic_fsdp_and_ddp(meta_mlp, mesh8):
     """Params + grads + 2 AdamW states, 4 bytes each: replicated = 16 B/elem, sharded 8-way = 2."""
     numel = sum(p.numel() for p in meta_mlp.parameters())
-    ddp = _plan(meta_mlp, mesh8)
+    ddp = plan_mlp(meta_mlp, mesh8)
     assert ddp.memory_bytes == numel * 4 * 4
-    fsdp = _plan(meta_mlp, mesh8, memory_budget_gib=numel * 4 * 4 / 8 / 2**30)
+    fsdp = plan_mlp(meta_mlp, mesh8, memory_budget_gib=numel * 4 * 4 / 8 / 2**30)
     assert all(p[0].is_shard() for p in fsdp.param_placements.values())
     assert fsdp.memory_bytes == numel * 4 * 4 / 8
 
@@ -43,7 +43,7 @@ def test_memory_matches_hand_arithmetic_tensor_parallel(meta_mlp):
 def test_bf16_params_keep_fp32_masters_in_memory(meta_mlp, mesh8):
     """With param_dtype=bfloat16 the footprint still counts float32 masters, grads and states."""
     numel = sum(p.numel() for p in meta_mlp.parameters())
-    plan = _plan(meta_mlp, mesh8, param_dtype="bfloat16")
+    plan = plan_mlp(meta_mlp, mesh8, param_dtype="bfloat16")
     assert plan.memory_bytes == numel * 4 * 4
 
 
@@ -67,16 +67,9 @@ def test_bf16_compute_is_cheaper_than_fp32(mesh8):
     with torch.device("meta"):
         big = TinyMLP(dim=2048, hidden=8192, n_layers=1)
 
-    def run(**config):
-        return autoplan.plan(
-            big,
-            lambda: torch.randn(16, 1024, 2048),
-            mesh8,
-            config=autoplan.PlanConfig(**config),
-            input_placements=["S(0)"],
-        )
-
-    fp32, bf16 = run(), run(param_dtype="bfloat16")
+    batch_shape = (16, 1024, 2048)
+    fp32 = plan_mlp(big, mesh8, batch_shape=batch_shape)
+    bf16 = plan_mlp(big, mesh8, batch_shape=batch_shape, param_dtype="bfloat16")
     assert bf16.compute_us < 0.5 * fp32.compute_us
 
 

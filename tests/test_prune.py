@@ -22,7 +22,8 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
-from tests.test_ilp import SEEDS, _brute_force, _combos, _memory, _random_costs
+from tests.helpers.brute_force import brute_force, combos, footprint
+from tests.helpers.ilp_problems import SEEDS, random_costs
 
 APPROX = {"rel": 1e-6, "abs": 1e-6}
 
@@ -47,10 +48,10 @@ def _dominated_pair() -> CostTable:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_reduction_matches_brute_force(seed):
     """With a memory budget and gradient edges, plain and reduced solves equal brute force."""
-    costs = _random_costs(seed, grad_edges=True, memory=True)
-    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    costs = random_costs(seed, grad_edges=True, memory=True)
+    footprints = sorted({footprint(costs, c) for c in combos(costs)})
     budget = footprints[len(footprints) // 2]
-    best = _brute_force(costs, budget=budget)
+    best = brute_force(costs, budget=budget)
     for prune in (False, True):
         try:
             model = build_ilp(costs, memory_budget_bytes=budget, prune=prune)
@@ -64,14 +65,14 @@ def test_every_reduction_matches_brute_force(seed):
                 continue
             assert sol.status == "optimal"
             assert sol.objective_us == pytest.approx(best, **APPROX), (prune, fixing)
-            assert _memory(costs, sol.choice) <= budget
+            assert footprint(costs, sol.choice) <= budget
 
 
 def test_pruning_reaches_a_fixpoint_and_removes_on_random_cases():
     """A second pruning pass finds nothing; across the random cases something is pruned."""
     removed = 0
     for seed in SEEDS:
-        p = lower(_random_costs(seed, grad_edges=True))
+        p = lower(random_costs(seed, grad_edges=True))
         try:
             simplify(p)
         except ValueError:
@@ -87,7 +88,7 @@ def test_dominated_strategy_is_removed():
     model = build_ilp(costs)
     assert model.stats["pruned"] >= 1
     assert not model.allowed["a"][0]
-    assert solve(model).objective_us == pytest.approx(_brute_force(costs), **APPROX)
+    assert solve(model).objective_us == pytest.approx(brute_force(costs), **APPROX)
 
 
 def test_pinned_strategy_survives_pruning():
@@ -98,7 +99,7 @@ def test_pinned_strategy_survives_pruning():
     assert model.allowed["a"].tolist() == [True, False, False]
     sol = solve(model)
     assert sol.choice["a"] == 0
-    assert sol.objective_us == pytest.approx(_brute_force(costs, allowed=allowed), **APPROX)
+    assert sol.objective_us == pytest.approx(brute_force(costs, allowed=allowed), **APPROX)
 
 
 def test_constrained_choice_loses_strategies_only_to_allowed_ones():
@@ -109,7 +110,7 @@ def test_constrained_choice_loses_strategies_only_to_allowed_ones():
     assert model.allowed["a"][0] or model.allowed["a"][2]
     assert not model.allowed["a"][1]
     sol = solve(model)
-    assert sol.objective_us == pytest.approx(_brute_force(costs, allowed=allowed), **APPROX)
+    assert sol.objective_us == pytest.approx(brute_force(costs, allowed=allowed), **APPROX)
 
 
 def test_memory_counts_only_under_a_budget():

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
@@ -34,17 +34,10 @@ from autoplan.strategies.dtensor import (
     _StridedShard,
     redistribute,
 )
+from tests.helpers.execution import placed
 
 CHOICES = (Replicate(), Partial(), Shard(0), Shard(1))
 SHAPE = (8, 8)
-
-
-def _start(x: torch.Tensor, mesh, src) -> DTensor:
-    """``x`` placed as ``src``; a Partial axis holds x on its first rank and 0 elsewhere.
-    (``src_data_rank=None``: cut locally, which also makes uneven strided shards.)"""
-    cleared = [Replicate() if isinstance(p, Partial) else p for p in src]
-    start = distribute_tensor(x, mesh, cleared, src_data_rank=None)
-    return redistribute(start, mesh, src)  # R -> P: local
 
 
 def _check(mesh, model: RedistributeModel, src, dst, run=redistribute, shape=SHAPE) -> str | None:
@@ -57,7 +50,7 @@ def _check(mesh, model: RedistributeModel, src, dst, run=redistribute, shape=SHA
         return None
     x = torch.arange(float(math.prod(shape))).reshape(shape)
     with CommDebugMode() as comm:
-        out = run(_start(x, mesh, src), mesh, dst)
+        out = run(placed(x, mesh, src), mesh, dst)
     executed = collective_counts(comm.get_comm_counts())
     priced = dict(Counter(kind for kind, *_ in steps))
     if executed != priced:
@@ -134,10 +127,10 @@ def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
     graph.mesh = mesh
     with LocalTensorMode(mesh.size()):
         x = torch.arange(64.0).reshape(SHAPE)
-        avg = _start(x, mesh, (Partial("avg"), Partial("avg")))
+        avg = placed(x, mesh, (Partial("avg"), Partial("avg")))
         assert graph._place(avg, "P(avg)P(avg)", "mean") is avg
         with pytest.raises(RuntimeError, match="mean: the plan wants P\\(avg\\)P\\(avg\\)"):
-            graph._place(_start(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
+            graph._place(placed(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (6, 10)])

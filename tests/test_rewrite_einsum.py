@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.rewrite.einsum import RewriteStats, rewrite_linear_to_einsum
+from tests.helpers.tracing import trace_step
 
 aten = torch.ops.aten
 
@@ -44,18 +45,6 @@ class Attention(nn.Module):
         q, k, v = heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x))
         att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.num_heads) ** 0.5, dim=-1)
         return self.wo((att @ v).transpose(1, 2).reshape(b, s, d))
-
-
-def trace_step(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    """make_fx of the joint forward+backward step, on real tensors so it can run."""
-    names = [n for n, _ in model.named_parameters()]
-
-    def step(params, x):
-        out = torch.func.functional_call(model, dict(zip(names, params, strict=True)), (x,))
-        loss = out.float().mean()
-        return loss, torch.autograd.grad(loss, params)
-
-    return make_fx(step)(list(model.parameters()), x)
 
 
 def mms(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

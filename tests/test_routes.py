@@ -27,7 +27,7 @@ from autoplan.execute import collective_counts, flatten_mesh_groups
 from autoplan.placements import Placements, fmt, parse
 from autoplan.runfile import load_topology
 from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, redistribute
-from tests.test_redistribute_execution import _start
+from tests.helpers.execution import placed
 
 
 def _random_direct(seed: int, n: int, free: float = 0.2) -> np.ndarray:
@@ -200,7 +200,7 @@ def test_routes_run_hop_by_hop_with_the_collectives_priced_per_hop():
         flatten_mesh_groups(mesh)
         for a, b in random.Random(0).sample(pairs, 60):
             path = [net.states[k] for k in net.route(a, b)]
-            value = _start(x, mesh, path[0])
+            value = placed(x, mesh, path[0])
             with CommDebugMode() as comm:
                 for hop in path[1:]:
                     value = redistribute(value, mesh, hop)

@@ -7,14 +7,7 @@ import textwrap
 import pytest
 
 from autoplan.runfile import RunFileError, load_run
-
-GOOD = """
-model: {name: mlp, args: {dim: 64, hidden: 256, n_layers: 2}}
-inputs: {batch: 16, seq: 32, placements: ["S(0)"]}
-mesh: {shape: [8], names: [dp]}
-plan: {mm_mode: einsum, memory_budget_gib: 0.001}
-topology: h100
-"""
+from tests.helpers.runs import GOOD_RUN
 
 
 def _write(tmp_path, text):
@@ -25,7 +18,7 @@ def _write(tmp_path, text):
 
 def test_good_run_file_loads(tmp_path):
     """A valid file maps onto the run and its PlanConfig."""
-    run = load_run(_write(tmp_path, GOOD))
+    run = load_run(_write(tmp_path, GOOD_RUN))
     assert run.mesh_shape == (8,) and run.axis_names == ("dp",)
     assert run.config.memory_budget_gib == 0.001
     assert run.build_model() is not None
@@ -33,14 +26,14 @@ def test_good_run_file_loads(tmp_path):
 
 def test_set_overrides_any_key(tmp_path):
     """--set model.args.n_layers=4 changes that key."""
-    run = load_run(_write(tmp_path, GOOD), ["model.args.n_layers=4", "plan.mm_mode=native"])
+    run = load_run(_write(tmp_path, GOOD_RUN), ["model.args.n_layers=4", "plan.mm_mode=native"])
     assert run.model_args["n_layers"] == 4 and run.config.mm_mode == "native"
 
 
 def test_set_of_a_top_level_key_that_does_not_exist_is_refused(tmp_path):
     """--set mm_mode=native (plan. forgotten) is an error, not silently ignored."""
     with pytest.raises(RunFileError, match="unknown top-level key 'mm_mode'"):
-        load_run(_write(tmp_path, GOOD), ["mm_mode=native"])
+        load_run(_write(tmp_path, GOOD_RUN), ["mm_mode=native"])
 
 
 @pytest.mark.parametrize(
@@ -73,8 +66,8 @@ def test_set_of_a_top_level_key_that_does_not_exist_is_refused(tmp_path):
 def test_each_mistake_has_its_message(tmp_path, change, needle):
     """Bad keys, types and values raise RunFileError naming file, key and value."""
     old, new = change
-    assert old in GOOD
-    path = _write(tmp_path, GOOD.replace(old, new))
+    assert old in GOOD_RUN
+    path = _write(tmp_path, GOOD_RUN.replace(old, new))
     with pytest.raises(RunFileError) as info:
         load_run(path)
     assert needle in str(info.value)

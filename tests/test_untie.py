@@ -2,103 +2,66 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import autoplan
 import autoplan.ilp.solve as solve_module
 import autoplan.ilp.untie as untie_module
-from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.cost.price import CostTable
 from autoplan.ilp.backends import RunResult
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.solve import relax, solve
 from autoplan.ilp.untie import solve_untying, worth_untying
-from tests.conftest import TinyMLP
-from tests.test_ilp import (
+from autoplan.models.mlp import TinyMLP
+from tests.helpers.brute_force import brute_force, combos, footprint, step_time
+from tests.helpers.ilp_problems import (
     FEASIBLE_MEMORY_SEEDS,
-    _brute_force,
-    _combos,
-    _memory,
-    _random_costs,
-    _total,
+    budget_between,
+    layer_stack,
+    random_costs,
+    tie_layers,
 )
 
 
-def _stack(num_layers: int, seed: int, *, coupled: bool) -> CostTable:
-    """x -> (w_l -> mm_l) x layers -> out: identical layers, each with a weight whose fast
-    placements take more memory than its slow ones; ``coupled=False`` makes the moves
-    between layers free, so only the budget ties them together."""
-    rng = np.random.default_rng(seed)
-    n = 3
-    c_mm, c_w = rng.uniform(1, 5, n), rng.uniform(0, 1, n)
-    mem = np.sort(rng.uniform(1, 10, n))[::-1]  # strategy 0 biggest ...
-    w_mm = np.add.outer(np.sort(rng.uniform(0, 6, n)), np.zeros(n))  # ... and cheapest to use
-    hh = rng.uniform(0, 3, (n, n)) if coupled else np.zeros((n, n))
-    ident = np.arange(n)
-    compute, memory, edges = {"x": rng.uniform(1, 5, n)}, {}, []
-    prev = "x"
-    for layer in range(num_layers):
-        w, mm = f"w{layer}", f"mm{layer}"
-        compute[w], compute[mm] = c_w.copy(), c_mm.copy()
-        memory[w] = mem.copy()
-        edges.append(EdgeCost(w, 0, mm, 0, ident, ident, w_mm))
-        edges.append(EdgeCost(prev, 0, mm, 1, ident, ident, hh))
-        prev = mm
-    compute["out"] = rng.uniform(1, 5, n)
-    edges.append(EdgeCost(prev, 0, "out", 0, ident, ident, hh))
-    return CostTable(compute=compute, edges=tuple(edges), memory=memory)
-
-
-def _tie_layers(costs: CostTable) -> dict[str, str]:
-    """Every layer's nodes tied to layer 0's (the ends too: what the tie gives away is untied)."""
-    return {v: v[:-1] + "0" if v[-1].isdigit() else v for v in costs.compute}
-
-
 def _tied_then_untied(costs: CostTable, budget: float):
-    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     assert worth_untying(model, relax(model))
     return solve(model), solve_untying(costs, model)
-
-
-def _budget(costs: CostTable, share: float) -> float:
-    low = sum(float(m.min()) for m in costs.memory.values())
-    high = sum(float(m.max()) for m in costs.memory.values())
-    return low + (high - low) * share
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_untying_reaches_the_optimum_when_only_the_budget_couples_the_layers(seed):
     """Layers that differ only through the budget: the untied plan is the brute-force optimum."""
-    costs = _stack(3, seed, coupled=False)
-    budget = _budget(costs, 0.3 + 0.2 * (seed % 3))
+    costs = layer_stack(3, seed, coupled=False)
+    budget = budget_between(costs, 0.3 + 0.2 * (seed % 3))
     tied, (untied, split) = _tied_then_untied(costs, budget)
-    assert untied.objective_us == pytest.approx(_brute_force(costs, budget=budget))
+    assert untied.objective_us == pytest.approx(brute_force(costs, budget=budget))
     assert (split > 0) == (untied.objective_us < tied.objective_us)
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_untied_plan_fits_is_priced_exactly_and_is_never_dearer(seed):
     """Coupled layers: the untied plan meets the budget, costs what it says, and beats or ties the tied one."""
-    costs = _stack(3, seed, coupled=True)
-    budget = _budget(costs, 0.3 + 0.2 * (seed % 3))
+    costs = layer_stack(3, seed, coupled=True)
+    budget = budget_between(costs, 0.3 + 0.2 * (seed % 3))
     tied, (untied, _) = _tied_then_untied(costs, budget)
-    assert _memory(costs, untied.choice) <= budget
-    assert untied.objective_us == pytest.approx(_total(costs, untied.choice))
-    assert _brute_force(costs, budget=budget) - 1e-9 <= untied.objective_us <= tied.objective_us
+    assert footprint(costs, untied.choice) <= budget
+    assert untied.objective_us == pytest.approx(step_time(costs, untied.choice))
+    assert brute_force(costs, budget=budget) - 1e-9 <= untied.objective_us <= tied.objective_us
 
 
 def test_nothing_to_untie_without_a_budget():
     """With no budget the tied plan stands: no LP mix to split."""
-    costs = _stack(3, 0, coupled=False)
-    model = build_ilp(costs, tie=_tie_layers(costs))
+    costs = layer_stack(3, 0, coupled=False)
+    model = build_ilp(costs, tie=tie_layers(costs))
     assert not worth_untying(model, relax(model))
 
 
 def test_nothing_to_untie_when_the_budget_does_not_bind():
     """A budget above every plan's footprint leaves the LP's memory row slack: no untying."""
-    costs = _stack(3, 0, coupled=False)
-    model = build_ilp(costs, memory_budget_bytes=_budget(costs, 1.5), tie=_tie_layers(costs))
+    costs = layer_stack(3, 0, coupled=False)
+    model = build_ilp(costs, memory_budget_bytes=budget_between(costs, 1.5), tie=tie_layers(costs))
     assert not worth_untying(model, relax(model))
 
 
@@ -131,10 +94,10 @@ def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):
     """A cutoff above the optimum still finds it (with more columns fixed); one below it
     returns a valid plan no cheaper than the optimum, still proved optimal, and the
     cutoff is then a bound."""
-    costs = _random_costs(seed, memory=True)
-    footprints = sorted({_memory(costs, c) for c in _combos(costs)})
+    costs = random_costs(seed, memory=True)
+    footprints = sorted({footprint(costs, c) for c in combos(costs)})
     budget = footprints[len(footprints) // 2]
-    best = _brute_force(costs, budget=budget)
+    best = brute_force(costs, budget=budget)
     model = build_ilp(costs, memory_budget_bytes=budget)
     plain = solve(model, solver=solver)
     above = solve(model, solver=solver, cutoff=best * 1.001 + 1e-3)
@@ -144,8 +107,8 @@ def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):
     assert below.status == "optimal" and below.objective_us >= best - 1e-9
     if model.emitted.matrix.num_cols:  # else solved outright, with no MIP and no bound
         assert below.bound_us >= best * 0.9999 - 1e-6
-    assert _total(costs, below.choice) == pytest.approx(below.objective_us)
-    assert _memory(costs, below.choice) <= budget
+    assert step_time(costs, below.choice) == pytest.approx(below.objective_us)
+    assert footprint(costs, below.choice) <= budget
 
 
 def _cut_proofs(monkeypatch) -> list[float | None]:
@@ -173,9 +136,9 @@ def _cut_proofs(monkeypatch) -> list[float | None]:
 
 def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_time_limit(monkeypatch):
     """The tied MIP after untying gets its own budget; cut, the untied plan says time_limit and its gap."""
-    costs = _stack(3, 0, coupled=False)
-    budget = _budget(costs, 0.3)
-    model = build_ilp(costs, memory_budget_bytes=budget, tie=_tie_layers(costs))
+    costs = layer_stack(3, 0, coupled=False)
+    budget = budget_between(costs, 0.3)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     whole, split = solve_untying(costs, model)
     assert whole.status == "optimal" and whole.proof_budget_s is None and split > 0
     limits = _cut_proofs(monkeypatch)

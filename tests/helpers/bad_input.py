@@ -14,17 +14,6 @@ import pytest
 
 from autoplan.cli import main
 
-# A tiny LLaMA run file that plans in about a second on a 2 x 2 fake mesh.
-TINY_RUN = """\
-model:
-  name: llama3
-  args: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 128, multiple_of: 32, max_seq_len: 32}
-inputs: {batch: 8, seq: 32, placements: ["S(0)R"]}
-mesh: {shape: [2, 2], names: [dp, tp]}
-plan: {mm_mode: einsum, solver: cbc}
-topology: h100
-"""
-
 
 @dataclass(frozen=True)
 class Ran:

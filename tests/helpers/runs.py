@@ -1,0 +1,25 @@
+"""Run-file texts (YAML) that plan cleanly, for the tests of the CLI, run files and errors.
+
+A test that needs a broken file makes it from one of these with ``str.replace``, so the
+one mistake it checks is the only thing wrong.
+"""
+
+# The two-block MLP on 8 data-parallel ranks under a 0.001 GiB budget.
+GOOD_RUN = """
+model: {name: mlp, args: {dim: 64, hidden: 256, n_layers: 2}}
+inputs: {batch: 16, seq: 32, placements: ["S(0)"]}
+mesh: {shape: [8], names: [dp]}
+plan: {mm_mode: einsum, memory_budget_gib: 0.001}
+topology: h100
+"""
+
+# A tiny LLaMA run file that plans in about a second on a 2 x 2 fake mesh.
+TINY_RUN = """\
+model:
+  name: llama3
+  args: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 128, multiple_of: 32, max_seq_len: 32}
+inputs: {batch: 8, seq: 32, placements: ["S(0)R"]}
+mesh: {shape: [2, 2], names: [dp, tp]}
+plan: {mm_mode: einsum, solver: cbc}
+topology: h100
+"""
