@@ -112,7 +112,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # gloo's threads may abort the interpreter's teardown (tests/gloo.py)
+    os._exit(0)  # gloo's threads may abort the interpreter's teardown (tests/helpers/gloo.py)
 
 
 def run() -> dict:
