@@ -24,6 +24,7 @@ from autoplan.constraints import PinSpec, resolve_pins
 from autoplan.cost.price import price
 from autoplan.errors import PlanError
 from autoplan.graph import fingerprint
+from autoplan.ilp.backends import check_solver
 from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan
@@ -187,6 +188,7 @@ def plan(
         loss_fn=loss_fn,
         progress=progress,
     )
+    check_solver((config or PlanConfig()).solver)  # a missing solver fails before the trace
 
     def here() -> Plan:
         cfg = config or PlanConfig()

@@ -161,3 +161,24 @@ def test_real_process_interrupted_while_planning(tmp_path, signum, code):
     assert child.returncode == code, err
     assert err.strip().splitlines()[-1].startswith("autoplan: ")
     assert not list(tmp_path.glob("autoplan-cbc-*"))
+
+
+def test_cbc_is_found_through_pulps_own_lookup():
+    """The CBC binary is the one PuLP bundles for this platform, at the path PuLP builds."""
+    from pulp.apis import coin_api
+
+    assert backends.cbc_path() == os.path.realpath(coin_api.pulp_cbc_path)
+
+
+def test_no_cbc_anywhere_is_bad_input_before_planning(tmp_path, monkeypatch):
+    """No bundled CBC and none PuLP can find: exit 2 naming how to install one or use
+    highs, before any tracing."""
+    from pulp.apis import coin_api
+
+    import autoplan.planner
+
+    monkeypatch.setattr(coin_api, "pulp_cbc_path", str(tmp_path / "no-cbc"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(autoplan.planner, "trace_joint", lambda *a, **k: pytest.fail("traced"))
+    ran = cli("plan", _run_file(tmp_path), "--quiet")
+    assert_clear(ran, 2, "solver 'cbc' needs a CBC binary", "pulp[cbc]", "solver: highs")

@@ -15,7 +15,6 @@ slow to build and write on the planner's 50k-700k column ILPs.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pulp
+from pulp.apis import coin_api
 
 from autoplan.errors import PlanError
 from autoplan.ilp.matrix import Matrix
@@ -51,6 +51,8 @@ def check_solver(name: str) -> None:
     """Raise a ValueError naming the fix when solver ``name`` cannot run here."""
     if name not in SOLVERS:
         raise PlanError(f"solver {name!r} is not known; allowed: {', '.join(SOLVERS)}")
+    if name == "cbc":
+        cbc_path()
     if name == "highs":
         try:
             import highspy  # noqa: F401
@@ -151,11 +153,22 @@ def _run_highs(job: _Job) -> RunResult:
 
 
 def cbc_path() -> str:
-    """The CBC binary: PuLP's bundled one, or one on PATH."""
-    bundled = os.path.join(
-        os.path.dirname(pulp.__file__), "solverdir", "cbc", "linux", "i64", "cbc"
-    )
-    return bundled if os.path.exists(bundled) else (shutil.which("cbc") or "cbc")
+    """The CBC binary: the one PuLP bundles for this platform (the path PuLP itself builds
+    from the operating system and architecture), else the one PuLP's ``COIN_CMD`` finds
+    (``pip install pulp[cbc]``, or a ``cbc`` on PATH); a PlanError naming the fixes when
+    there is neither."""
+    bundled = os.path.realpath(coin_api.pulp_cbc_path)
+    if os.path.isfile(bundled) and os.access(bundled, os.X_OK):
+        return bundled
+    found = pulp.COIN_CMD(msg=False).available()
+    if not found:
+        raise PlanError(
+            "solver 'cbc' needs a CBC binary, and PuLP bundles none for this platform and "
+            "finds none installed: pip install 'pulp[cbc]' (or conda install coin-or-cbc, "
+            "apt install coinor-cbc, brew install cbc), or use solver: highs "
+            "(pip install 'autoplan[highs]')"
+        )
+    return str(found)
 
 
 def _texts(v: np.ndarray) -> np.ndarray:
