@@ -128,14 +128,8 @@ def _cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_plan(path: str) -> Plan:
-    """The plan saved at ``path``; ``Plan.load`` raises a PlanError (exit 2) naming the file,
-    the key and the fix for anything it cannot use."""
-    return Plan.load(path)
-
-
 def _cmd_diff(args: argparse.Namespace) -> int:
-    result = diff_plans(_load_plan(args.a), _load_plan(args.b))
+    result = diff_plans(Plan.load(args.a), Plan.load(args.b))
     print(json.dumps(result, indent=1) if args.json else format_diff(result))
     return 0
 
@@ -145,7 +139,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         raise PlanError(
             f"--top ({args.top}) must be at least 1; it is how many alternatives to show."
         )
-    saved = _load_plan(args.plan)
+    saved = Plan.load(args.plan)
     run = load_run(args.config, args.set)
     result = explain(rebuild(run, saved, plan_source=args.plan), args.name, top=args.top)
     print(json.dumps(result, indent=1) if args.json else format_explain(result))
@@ -154,10 +148,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     run = load_run(args.config, args.set)
-    checked = check_run(run)
-    model = run.build_model()
-    num_params = sum(p.numel() for p in model.parameters())
-    params = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    checked = check_run(run, summary=True)
+    num_params, params = checked.num_params, checked.param_shapes
     fake_mesh(run.mesh_shape, run.axis_names)
     mesh = mesh_text(run)
     shape = list(checked.input_shape)

@@ -9,7 +9,7 @@ would, and ``plan`` must refuse an unwritable ``--out`` before a long solve, not
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,10 +21,13 @@ from autoplan.runfile import Run
 
 @dataclass(frozen=True)
 class Checked:
-    """What the checks saw: the input's shape and, when it was needed, the output's."""
+    """What the checks saw: the input's shape and, when they were needed (or a summary
+    was asked for), the output's and the model's parameters."""
 
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...] | None
+    num_params: int = 0
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def mesh_text(run: Run) -> str:
@@ -32,18 +35,18 @@ def mesh_text(run: Run) -> str:
     return " x ".join(f"{n}={k}" for n, k in zip(run.axis_names, run.mesh_shape, strict=True))
 
 
-def check_run(run: Run) -> Checked:
+def check_run(run: Run, *, summary: bool = False) -> Checked:
     """Every placement of the run file against the shape it places, on the run's mesh.
 
     The model is built (on the meta device) only when a pin or an output placement
-    needs its shapes.
+    needs its shapes, or ``summary`` asks for its parameter count and shapes (validate).
     """
     with torch.device("meta"):
         x = run.input_fn()()
     shape = tuple(x.shape)
     for i, p in enumerate(run.input_placements):
         _fits(run, f"inputs.placements[{i}]", p, shape, f"input {i}")
-    if not (run.pins or run.output_placements):
+    if not (run.pins or run.output_placements or summary):
         return Checked(shape, None)
     model = run.build_model()
     params = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -54,7 +57,7 @@ def check_run(run: Run) -> Checked:
     if out_shape is not None:
         for i, p in enumerate(run.output_placements):
             _fits(run, f"constraints.output_placements[{i}]", p, out_shape, "the output")
-    return Checked(shape, out_shape)
+    return Checked(shape, out_shape, sum(p.numel() for p in model.parameters()), params)
 
 
 def _output_shape(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, ...] | None:
