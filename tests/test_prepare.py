@@ -13,9 +13,11 @@ from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 from tests.helpers.runs import TINY_RUN
 
-# A pin on layer 0's wq keeps it out of merging and tying; its twin in layer 1 stays tied
-# to nothing and free.
-PINNED = TINY_RUN + "constraints: {pin: {layers.0.attention.wq.weight: S(0)R}}\n"
+# Four layers, so that layers are tied; a pin on layer 1's wq keeps it out of tying.
+PINNED = (
+    TINY_RUN.replace("n_layers: 2", "n_layers: 4")
+    + "constraints: {pin: {layers.1.attention.wq.weight: S(0)R}}\n"
+)
 # A budget counting activations under which auto mixes checkpointing modes per layer.
 AUTO = TINY_RUN.replace(
     "plan: {mm_mode: einsum, solver: cbc}",
@@ -69,10 +71,10 @@ def test_rebuild_has_the_solvers_merged_groups_and_twins(tmp_path, monkeypatch, 
         v: r for v, r in seen.tie.items() if v != r
     }
     if text is PINNED:
-        pinned = dict(zip(rb.traced.param_fqns, rb.traced.params, strict=True))[
-            "layers.0.attention.wq.weight"
-        ]
-        assert rb.root[pinned] == pinned and rb.twin[pinned] == pinned
+        node = dict(zip(rb.traced.param_fqns, rb.traced.params, strict=True))
+        pinned = node["layers.1.attention.wq.weight"]
+        assert rb.twin[pinned] == pinned
+        assert all(v == pinned for v, r in rb.twin.items() if r == pinned)
 
 
 def test_plan_explain_and_compare_trace_through_prepare(tmp_path, monkeypatch, capsys):
