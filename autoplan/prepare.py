@@ -91,15 +91,20 @@ def _frozen_heap() -> Iterator[None]:
     the permanent generation (Python docs, ``gc.freeze``). The later stages make
     millions of small acyclic objects (placement tuples, strategies, keys), for which
     the default young threshold runs the collector far more often than it finds cycles.
+    A caller that froze its own heap keeps it frozen: ``gc.unfreeze`` cannot tell its
+    objects from ours, so then nothing is frozen here.
     """
     thresholds = gc.get_threshold()
-    gc.freeze()
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
     gc.set_threshold(_YOUNG_THRESHOLD, *thresholds[1:])
     try:
         yield
     finally:
         gc.set_threshold(*thresholds)
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 # Allocations between young collections while planning (see _frozen_heap).
