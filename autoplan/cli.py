@@ -36,33 +36,14 @@ from autoplan.explain import explain, format_explain
 from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
-from autoplan.planner import plan
-from autoplan.progress import PhaseProgress
 from autoplan.rebuild import rebuild
 from autoplan.run_checks import check_run, mesh_text, writable
-from autoplan.runfile import Run, load_run, load_topology
+from autoplan.run_plan import run_plan
+from autoplan.runfile import load_run, load_topology
 
 EXIT_INFEASIBLE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
-
-
-def run_plan(run: Run, *, quiet: bool = False) -> Plan:
-    """Plan one run file's model on its (fake) mesh; unless quiet, show each phase on stderr."""
-    mesh = fake_mesh(run.mesh_shape, run.axis_names)
-    title = f"{run.source}: mesh {mesh_text(run)}, mm_mode {run.config.mm_mode}, solver {run.config.solver}"
-    progress = PhaseProgress(title) if not quiet else contextlib.nullcontext()
-    with progress:
-        return plan(
-            run.build_model(),
-            run.input_fn(),
-            mesh,
-            config=run.config,
-            input_placements=list(run.input_placements) or None,
-            output_placements=list(run.output_placements) or None,
-            pins=run.pins or None,
-            progress=progress if not quiet else None,  # type: ignore[arg-type]
-        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -104,7 +85,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for path in (json_path, png_path):
             if path.is_dir():
                 raise PlanError(f"--out {args.out}: {path} is a directory; give another path")
-    result = compare(run, run_plan=lambda r: run_plan(r, quiet=args.json), by_kind=bool(args.out))
+    result = compare(run, quiet=args.json, by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
     if args.out:
         title = f"{run.source}: compute and comm per layer kind, mesh {mesh_text(run)}"

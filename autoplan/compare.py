@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from autoplan.chart import cost_by_kind, write_chart
 from autoplan.placements import fmt
 from autoplan.plan import PHASES, Plan
 from autoplan.rebuild import rebuild
+from autoplan.run_plan import run_plan
 from autoplan.runfile import Run
 
 MODES = ("einsum", "native")
@@ -49,8 +49,9 @@ def _row(p: Plan) -> dict[str, Any]:
     }
 
 
-def compare(run: Run, *, run_plan: Callable[[Run], Plan], by_kind: bool = False) -> dict[str, Any]:
+def compare(run: Run, *, quiet: bool = False, by_kind: bool = False) -> dict[str, Any]:
     """Plan ``run`` in both mm modes; placements that differ are listed per parameter.
+    Unless ``quiet``, each plan shows its phases on stderr.
 
     ``by_kind`` adds ``cost_by_kind`` (compute and comm per layer kind) to each
     feasible mode's row.
@@ -59,7 +60,7 @@ def compare(run: Run, *, run_plan: Callable[[Run], Plan], by_kind: bool = False)
         m: dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=m))
         for m in MODES
     }
-    plans = {m: run_plan(r) for m, r in runs.items()}
+    plans = {m: run_plan(r, quiet=quiet) for m, r in runs.items()}
     out: dict[str, Any] = {m: _row(p) for m, p in plans.items()}
     if by_kind:
         for m, p in plans.items():

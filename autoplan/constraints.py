@@ -1,16 +1,17 @@
-"""User pins: fix the placement of named parameters or graph nodes before the ILP.
+"""Placement constraints: the user's inputs, outputs and pins as masks over strategies.
 
-Input: the traced graph, its strategy table and ``pins``, a mapping from a
-parameter's FQN (``layers.0.attention.wq.weight``) or a graph node's name
-(``einsum_default``) to a placement (``"S(0)S(0)"`` or a tuple of DTensor
-placements). Output: a mask of allowed strategies per pinned node, which the
-planner adds to the input and output constraints, and :func:`untie`, which
-takes pinned nodes out of layer tying.
+Stage 4 (between strategies and the ILP). Input: the traced graph, its strategy
+table, ``input_placements``, ``output_placements`` and ``pins`` (a mapping from a
+parameter's FQN, ``layers.0.attention.wq.weight``, or a graph node's name,
+``einsum_default``, to a placement, ``"S(0)S(0)"`` or a tuple of DTensor
+placements). Output: :func:`allowed_strategies`, a mask of allowed strategies per
+constrained node and the set of pinned nodes; and :func:`untie`, which takes pinned
+nodes out of layer tying.
 
-Why: users often know part of the answer (keep the embedding replicated,
-shard this weight like Megatron) and want the solver to plan the rest around
-it. A pin is an exact constraint on the node's output placement; every name
-and placement is checked here so a typo is a clear error, not an ignored pin.
+Why: users often know part of the answer (the batch split over data parallelism, a
+replicated loss, this weight sharded like Megatron) and want the solver to plan the
+rest around it. Each constraint is exact; every name and placement is checked here
+so that a typo is a clear error, not an ignored pin.
 """
 
 from __future__ import annotations
@@ -20,21 +21,32 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from torch.distributed.tensor import Placement
 
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt, parse
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-PinSpec = Sequence[Any] | str
+PlacementSpec = Sequence[Any] | str  # "S(0)R" or a tuple of DTensor placements
+PinSpec = PlacementSpec
+# one placement for every input, one per input, or one per keyword of input_fn's dict
+InputPlacements = PlacementSpec | Sequence[PlacementSpec] | Mapping[str, PlacementSpec]
 
 
-def _placements(spec: PinSpec, num_axes: int, where: str) -> Placements:
-    try:
-        if isinstance(spec, str):
+def _placements(spec: PlacementSpec, num_axes: int, where: str) -> Placements:
+    """``spec`` (``"S(0)R"`` or a tuple of DTensor placements) as one placement per mesh
+    axis; ``where`` names it in errors."""
+    if isinstance(spec, str):
+        try:
             return parse(spec, num_axes)
-    except ValueError as exc:
-        raise PlanError(f"{where}: {exc}") from exc
+        except PlanError as exc:
+            raise PlanError(f"{where}: {exc}") from exc
+    if not isinstance(spec, Sequence):
+        raise PlanError(
+            f"{where} is {spec!r}: a placement is a string such as 'S(0)R' or a tuple of "
+            "DTensor placements, one per mesh axis."
+        )
     placements = tuple(spec)
     if len(placements) != num_axes:
         raise PlanError(
@@ -95,3 +107,101 @@ def untie(rep: Mapping[str, str], pinned: set[str]) -> dict[str, str]:
             continue
         out[v] = new_rep.setdefault(r, v)
     return out
+
+
+def _constrain(
+    table: StrategyTable,
+    names: Sequence[str],
+    specs: Sequence[PlacementSpec] | None,
+    what: str,
+) -> dict[str, np.ndarray]:
+    allowed: dict[str, np.ndarray] = {}
+    if specs is None:
+        return allowed
+    if len(specs) != len(names):
+        noun = "input" if what == "input_placements" else "output tensor"
+        raise PlanError(
+            f"{what} lists {len(specs)} placements for the model's {len(names)} "
+            f"{noun}{'s' if len(names) != 1 else ''}; give one per {noun} (None leaves one to "
+            "the solver), or one placement such as 'S(0)R' for all."
+        )
+    num_axes = len(table.mesh_shape)
+    for i, (name, spec) in enumerate(zip(names, specs, strict=True)):
+        if spec is None:
+            continue
+        want = _placements(spec, num_axes, f"{what}[{i}]")
+        ns = table.nodes[name]
+        mask = np.array([s.outs[0] == want for s in ns.strategies])
+        if not mask.any():
+            shape = ns.out_tensors[0].shape if ns.out_tensors[0] else "?"
+            raise PlanError(
+                f"{what}[{i}] = {fmt(want)} is not possible for a tensor of shape {shape} on mesh "
+                f"{table.mesh_shape}: a sharded dim must divide evenly by the mesh axes sharding it."
+            )
+        allowed[name] = mask
+    return allowed
+
+
+def _one_for_all(specs: Any, count: int) -> Any:
+    """``specs`` repeated ``count`` times when it is one placement (``"S(0)R"`` or a tuple
+    of DTensor placements), else as given."""
+    if isinstance(specs, str) or (
+        isinstance(specs, Sequence) and specs and all(isinstance(p, Placement) for p in specs)
+    ):
+        return [specs] * count
+    return specs
+
+
+def _inputs_by_key(
+    specs: InputPlacements | None,
+    keys: Sequence[int | str],
+) -> Sequence[PlacementSpec] | None:
+    """``input_placements`` as one entry per input in the graph's order (``None``: left to
+    the solver). One placement (``"S(0)R"``) places every input alike, the batch split the
+    same way for the token ids and their labels; a dict is keyed like ``input_fn``'s."""
+    specs = _one_for_all(specs, len(keys))
+    if not isinstance(specs, Mapping):
+        return specs
+    unknown = [k for k in specs if k not in keys]
+    if unknown:
+        known = ", ".join(repr(k) for k in keys if isinstance(k, str)) or "none (positional)"
+        raise PlanError(
+            f"input_placements names input {unknown[0]!r}, which input_fn does not return "
+            f"(its keyword inputs: {known}); key the dict by input_fn's keys."
+        )
+    return [specs.get(k) for k in keys]
+
+
+def _scalars_replicated(traced: TracedGraph, num_axes: int) -> list[PlacementSpec | None]:
+    """Every 0-dim output (a loss) replicated, the others free: each rank reads the loss
+    it logs and steps on whole, never a partial sum."""
+    return [
+        "R" * num_axes if traced.node(n).meta["val"].ndim == 0 else None for n in traced.outputs
+    ]
+
+
+def allowed_strategies(
+    traced: TracedGraph,
+    table: StrategyTable,
+    input_placements: InputPlacements | None,
+    output_placements: Sequence[PlacementSpec] | None,
+    pins: Mapping[str, PinSpec] | None,
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Each constrained node's mask of allowed strategies (inputs, outputs, pins; a 0-dim
+    output replicated unless ``output_placements`` says otherwise) and the pinned nodes,
+    which the solver keeps out of merging and tying."""
+    specs = _inputs_by_key(input_placements, traced.input_keys)
+    allowed = _constrain(table, traced.inputs, specs, "input_placements")
+    if output_placements is None:
+        output_placements = _scalars_replicated(traced, len(table.mesh_shape))
+    output_placements = _one_for_all(output_placements, len(traced.outputs))
+    allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
+    pinned = resolve_pins(traced, table, pins)
+    for node, mask in pinned.items():
+        if node in allowed and not (allowed[node] & mask).any():
+            raise PlanError(
+                f"pins: node {node} is pinned to a placement its input or output "
+                "placement constraint excludes; drop one of the two."
+            )
+        allowed[node] = allowed.get(node, mask) & mask
+    return allowed, set(pinned)

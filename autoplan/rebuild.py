@@ -7,12 +7,11 @@ and the follower/tie structure the solver worked with.
 
 Why: a plan JSON keeps placements and totals, not the model or the prices.
 ``explain`` and the per-kind chart need every node's price under every
-strategy, so they run trace -> rewrite -> strategies -> cost again (the
-stages before the solver; seconds even for LLaMA3-8B) with the same calls
-:func:`autoplan.planner.plan` makes, and find each node's chosen strategy by
-its placements in short form. A plan made from another run file (mesh,
-model, options), or whose parameter placements disagree with its nodes' (a file
-edited in one place), is refused with a message naming what differs.
+strategy, so they run the stages before the solver again through
+:func:`autoplan.prepare.prepare`, the function the planner runs, and find each
+node's chosen strategy by its placements in short form. A plan made from another
+run file (mesh, model, options), or whose parameter placements disagree with its
+nodes' (a file edited in one place), is refused with a message naming what differs.
 """
 
 from __future__ import annotations
@@ -24,20 +23,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.price import CostTable, EdgeCost, price
+from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.errors import PlanError
-from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
-from autoplan.planner import constraints
+from autoplan.prepare import prepare
 from autoplan.recompute import checkpointed
-from autoplan.rewrite import rewrite
+from autoplan.run_plan import run_arguments
 from autoplan.runfile import Run
 from autoplan.solve_stage import Problem, planned_mode, structure
-from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.table import Strategy, StrategyTable
-from autoplan.trace import TracedGraph, trace_joint
+from autoplan.trace import TracedGraph
 
 
 class PlanMismatchError(PlanError):
@@ -177,25 +174,20 @@ def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -
 
 
 def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
-    """Trace, rewrite, enumerate and price ``run`` again; read ``plan``'s choice into it."""
+    """Prepare ``run`` again as the planner did (:func:`autoplan.prepare.prepare`) and read
+    ``plan``'s choice into it."""
     check_matches(run, plan, plan_source)
-    config = run.config
-    mesh = fake_mesh(run.mesh_shape, run.axis_names)
-    traced = trace_joint(run.build_model(), run.input_fn(), param_dtype=config.param_torch_dtype)
-    traced, _ = rewrite(traced, mm_mode=config.mm_mode)
-    table = enumerate_strategies(traced, mesh, mm_mode=config.mm_mode)
-    priced = price(
-        table,
-        traced,
-        config.topology,
-        optimizer_states=config.optimizer_states,
-        master_bytes=4 if config.param_dtype is not None else None,
-        reduce_bytes=config.reduce_dtype_bytes,
-        routes=config.routes,
-    )
+    with prepare(**run_arguments(run)) as problem:
+        return _read_back(run, plan, plan_source, problem)
+
+
+def _read_back(run: Run, plan: Plan, plan_source: str, problem: Problem) -> Rebuilt:
+    """``plan``'s choice in ``problem``, priced with the plan's recomputation, and the
+    groups and twins the solver had."""
+    traced, table, config = problem.traced, problem.table, problem.config
     # the plan's recomputation priced and its kept activations counted, as planned
     costs, _ = checkpointed(
-        traced, table, priced, plan.recompute, counted=config.counts_activations
+        traced, table, problem.costs, plan.recompute, counted=config.counts_activations
     )
     choice = _read_choice(table, plan, plan_source, run)
     _check_params(traced, plan, plan_source, run)
@@ -204,15 +196,7 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     for e in costs.edges:
         in_edges.setdefault(e.dst, []).append(e)
         out_edges.setdefault(e.src, []).append(e)
-    # the groups and twins the solver had: its constraints, mode and reductions
-    allowed, pinned = constraints(
-        traced,
-        table,
-        list(run.input_placements) or None,
-        list(run.output_placements) or None,
-        run.pins or None,
-    )
-    problem = Problem(traced, table, priced, config, allowed, pinned)
+    # the groups and twins the solver had: its mode and reductions
     reduction, twin = structure(problem, planned_mode(config))
     root = {v: v for v in table.nodes}
     follow: dict[str, np.ndarray] = {}

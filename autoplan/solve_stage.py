@@ -27,7 +27,7 @@ from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.errors import PlanError
 from autoplan.ilp.build import IlpModel, build_ilp
-from autoplan.ilp.cluster import ROUNDS, cluster
+from autoplan.ilp.cluster import ROUNDS, Clustering, cluster
 from autoplan.ilp.problem import InfeasibleError, plain_size
 from autoplan.ilp.reduce import Reduction, collapse_followers
 from autoplan.ilp.untie import solve_untying
@@ -138,11 +138,17 @@ def structure(problem: Problem, mode: str) -> tuple[Reduction, dict[str, str]]:
             counted=problem.config.counts_activations,
         )
         reduced = _uniform(problem, mode, costs)
-    twin = {v: v for v in problem.table.nodes}
-    if problem.config.cluster_layers:
-        rep = cluster(reduced.reduction.costs, rounds=reduced.tie_rounds).rep
-        twin |= untie(rep, problem.pinned)
-    return reduced.reduction, twin
+    _, tie = _tying(problem, reduced)
+    return reduced.reduction, {v: v for v in problem.table.nodes} | (tie or {})
+
+
+def _tying(problem: Problem, reduced: _Reduced) -> tuple[Clustering | None, dict[str, str] | None]:
+    """The twin classes of ``reduced`` and each node's representative, pinned nodes on
+    their own (none when ``cluster_layers`` is off)."""
+    if not problem.config.cluster_layers:
+        return None, None
+    clustering = cluster(reduced.reduction.costs, rounds=reduced.tie_rounds)
+    return clustering, untie(clustering.rep, problem.pinned)
 
 
 def _uniform(problem: Problem, mode: str | Mapping[str, str], costs: CostTable) -> _Reduced:
@@ -318,8 +324,7 @@ def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[I
         if moved is not None:
             return moved, kept[1]
     config, ilp_costs = problem.config, reduced.reduction.costs
-    clustering = cluster(ilp_costs, rounds=reduced.tie_rounds) if config.cluster_layers else None
-    tie = untie(clustering.rep, problem.pinned) if clustering is not None else None
+    clustering, tie = _tying(problem, reduced)
     model_ilp = build_ilp(
         ilp_costs,
         allowed=reduced.allowed,

@@ -57,7 +57,7 @@ PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "s
 
 
 def _child(config: str, mode: str, solver: str, sets: str) -> None:
-    from autoplan.cli import run_plan
+    from autoplan.run_plan import run_plan
     from autoplan.runfile import load_run
 
     overrides = [f"plan.mm_mode={mode}", f"plan.solver={solver}"]

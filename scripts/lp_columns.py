@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 
 import autoplan.planner as planner
-from autoplan.cli import run_plan
 from autoplan.ilp.backends import _read_solution, cbc_path, write_mps
 from autoplan.ilp.build import IlpModel
 from autoplan.ilp.incumbent import from_lp
 from autoplan.ilp.matrix import Matrix, _Flow
+from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 
 

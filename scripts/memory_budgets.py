@@ -40,7 +40,7 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "transient"
 
 
 def _child(config: str, overrides: list[str]) -> None:
-    from autoplan.cli import run_plan
+    from autoplan.run_plan import run_plan
     from autoplan.runfile import load_run
 
     run = load_run(config, overrides)

@@ -27,12 +27,12 @@ from move_check import (  # scripts/move_check.py: a script's own folder is on s
     run_move,
 )
 
-from autoplan.cli import run_plan
 from autoplan.execute import flatten_mesh_groups
 from autoplan.mesh import fake_mesh
 from autoplan.placements import Placements, fmt, is_strided, sharded_dim
 from autoplan.plan import Plan
 from autoplan.rebuild import rebuild
+from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 from autoplan.strategies.dtensor import LocalTensorMode
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from lp_columns import _model  # noqa: E402
 
-from autoplan.cli import run_plan  # noqa: E402
 from autoplan.ilp.backends import run  # noqa: E402
 from autoplan.ilp.relax import relax  # noqa: E402
+from autoplan.run_plan import run_plan  # noqa: E402
 from autoplan.runfile import load_run  # noqa: E402
 
 

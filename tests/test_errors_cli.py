@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import autoplan.cli
+import autoplan.run_plan
 from tests.helpers.bad_input import assert_clear, cli
 from tests.helpers.runs import TINY_RUN
 
@@ -91,7 +91,7 @@ def test_bad_command_line_exits_2(tmp_path, run_file, argv, words):
 
 def test_out_is_checked_before_solving(tmp_path, run_file, monkeypatch):
     """A bad --out is refused before planning starts: the planner is never called."""
-    monkeypatch.setattr(autoplan.cli, "plan", lambda *a, **k: pytest.fail("planned anyway"))
+    monkeypatch.setattr(autoplan.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway"))
     assert_clear(cli("plan", run_file, "--out", str(tmp_path / "no" / "p.json")), 2, "mkdir")
 
 
@@ -118,7 +118,7 @@ def test_internal_error_is_exit_3_with_one_line(run_file, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(autoplan.cli, "plan", broken)
+    monkeypatch.setattr(autoplan.run_plan, "plan", broken)
     ran = cli("plan", run_file, "--quiet")
     assert_clear(ran, 3, "internal error: RuntimeError: boom", "--debug")
     assert "second line" not in ran.err

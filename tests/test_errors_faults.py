@@ -175,10 +175,10 @@ def test_no_cbc_anywhere_is_bad_input_before_planning(tmp_path, monkeypatch):
     highs, before any tracing."""
     from pulp.apis import coin_api
 
-    import autoplan.planner
+    import autoplan.prepare
 
     monkeypatch.setattr(coin_api, "pulp_cbc_path", str(tmp_path / "no-cbc"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(autoplan.planner, "trace_joint", lambda *a, **k: pytest.fail("traced"))
+    monkeypatch.setattr(autoplan.prepare, "trace_joint", lambda *a, **k: pytest.fail("traced"))
     ran = cli("plan", _run_file(tmp_path), "--quiet")
     assert_clear(ran, 2, "solver 'cbc' needs a CBC binary", "pulp[cbc]", "solver: highs")

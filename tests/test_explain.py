@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from autoplan.chart import KINDS, cost_by_kind, node_kinds, param_kind
-from autoplan.cli import main, run_plan
+from autoplan.cli import main
 from autoplan.compare import write_compare
 from autoplan.explain import explain, format_explain
 from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.rebuild import PlanMismatchError, rebuild
+from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 from autoplan.trace import trace_joint
 

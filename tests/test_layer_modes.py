@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import autoplan
-from autoplan import planner
 from autoplan.config import CHECKPOINT_MODES
+from autoplan.constraints import allowed_strategies
 from autoplan.cost.price import price
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.incumbent import footprint, priced
@@ -33,9 +33,7 @@ def _tiny(layers: int, shape: tuple[int, ...], *, routes: bool = False):
     )
     table = enumerate_strategies(traced, mesh)
     costs = price(table, traced, autoplan.Topology(), routes=routes)
-    allowed = planner._constrain(
-        table, traced.inputs, ["S(0)" + "R" * (len(shape) - 1)], "input_placements"
-    )
+    allowed, _ = allowed_strategies(traced, table, ["S(0)" + "R" * (len(shape) - 1)], None, None)
     return traced, table, costs, allowed
 
 

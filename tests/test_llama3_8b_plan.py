@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.cli import run_plan
 from autoplan.plan import param_kind
+from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 from autoplan.strategies.dtensor import Replicate
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.cli import run_plan
 from autoplan.compare import compare, format_compare
 from autoplan.cost.activations import saved_storage
 from autoplan.explain import explain, format_explain
@@ -24,6 +23,7 @@ from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rebuild import rebuild
 from autoplan.recompute import layer_names, recompute_set, with_recompute
 from autoplan.rewrite import rewrite
+from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 from autoplan.trace import trace_joint
 from tests.helpers.planning import plan_tiny_llama
@@ -230,7 +230,7 @@ def test_compare_and_explain_show_the_memory_side():
         ROOT / "configs" / "tiny.yaml",
         ["plan.activation_checkpointing=selective", "plan.activation_memory=true"],
     )
-    result = compare(run, run_plan=lambda r: run_plan(r, quiet=True))
+    result = compare(run, quiet=True)
     text = format_compare(result)
     assert "saved activations" in text and "activation checkpointing" in text
     for mode in ("einsum", "native"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autoplan
-from autoplan import planner
+from autoplan.constraints import allowed_strategies
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.ilp.build import build_ilp
 from autoplan.ilp.cluster import cluster
@@ -159,7 +159,7 @@ def _tiny_llama_costs(layers: int, shape: tuple[int, ...]):
     table = enumerate_strategies(traced, mesh)
     costs = price(table, traced, autoplan.Topology())
     spec = ["S(0)" + "R" * (len(shape) - 1)]
-    allowed = planner._constrain(table, traced.inputs, spec, "input_placements")
+    allowed, _ = allowed_strategies(traced, table, spec, None, None)
     return collapse_followers(table, costs, keep=set(allowed)).costs, allowed
 
 
