@@ -24,7 +24,7 @@ from autoplan.constraints import PinSpec, resolve_pins
 from autoplan.cost.price import price
 from autoplan.errors import PlanError
 from autoplan.graph import fingerprint
-from autoplan.ilp.backends import check_solver
+from autoplan.ilp.solver.backends import check_solver
 from autoplan.job import plan_on_one_rank
 from autoplan.placements import Placements, fmt, parse
 from autoplan.plan import Plan

@@ -26,11 +26,11 @@ from autoplan.config import PlanConfig
 from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.errors import PlanError
-from autoplan.ilp.build import IlpModel, build_ilp
-from autoplan.ilp.cluster import ROUNDS, cluster
-from autoplan.ilp.problem import InfeasibleError, plain_size
-from autoplan.ilp.reduce import Reduction, collapse_followers
-from autoplan.ilp.untie import solve_untying
+from autoplan.ilp.formulation.build import IlpModel, build_ilp
+from autoplan.ilp.formulation.problem import InfeasibleError, plain_size
+from autoplan.ilp.reductions.followers import Reduction, collapse_followers
+from autoplan.ilp.reductions.tying import ROUNDS, cluster
+from autoplan.ilp.solver.stage import solve_ilp
 from autoplan.layer_modes import ModeChoice, layer_modes, mode_boundary
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
@@ -276,7 +276,7 @@ def _solve_reduced(
         "pruned": model_ilp.stats.get("pruned", 0),
     }
     done = timed("solve")
-    solution, split = solve_untying(
+    solution, split = solve_ilp(
         ilp_costs,
         model_ilp,
         solver=config.solver,
