@@ -15,7 +15,7 @@ import torch
 
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
-from autoplan.ilp.solve import SOLVERS
+from autoplan.ilp.solver.backends import SOLVERS
 
 MM_MODES = ("einsum", "native")
 CHECKPOINT_MODES = ("none", "selective", "full")
@@ -66,18 +66,20 @@ class PlanConfig:
     mip_gap: float = 0.0
     """Relative optimality gap at which the solver may stop."""
     collapse_followers: bool = True
-    """Merge views and pointwise ops into the node they follow before solving
-    (see :mod:`autoplan.ilp.reduce`): a much smaller ILP for a small loss of optimality."""
+    """Merge views and pointwise ops into the node they follow before solving (see
+    :mod:`autoplan.ilp.reductions.followers`): a much smaller ILP for a small loss of
+    optimality."""
     cluster_layers: bool = True
     """Tie the variables of nodes that repeated identical layers make alike (see
-    :mod:`autoplan.ilp.cluster`): the ILP shrinks to about one layer's size."""
+    :mod:`autoplan.ilp.reductions.tying`): the ILP shrinks to about one layer's size."""
     untie_under_budget: bool = True
     """With ``cluster_layers`` and a memory budget the relaxation spends in full, let
     twin layers take different strategies where that is cheaper: an untied ILP runs between
-    the tied LP and the tied MIP (see :mod:`autoplan.ilp.untie`); never a dearer plan."""
+    the tied LP and the tied MIP (see :mod:`autoplan.ilp.untying.untie`); never a dearer
+    plan."""
     prune_dominated: bool = True
     """Drop strategies another strategy of the same node beats in compute, memory and
-    every incident move before solving (see :mod:`autoplan.ilp.prune`); exact."""
+    every incident move before solving (see :mod:`autoplan.ilp.formulation.prune`); exact."""
     routes: bool = True
     """Price each move by its cheapest chain of DTensor redistributions through other
     placements, and run that chain when applying (see :mod:`autoplan.cost.routes`);
@@ -85,8 +87,8 @@ class PlanConfig:
     reduced_cost_fixing: bool = True
     """Bound the relaxation first (dual ascent, then the LP over the columns that bound
     prices near zero), round it to a plan, and give the MIP that plan as a warm start
-    with every variable the bound rules out fixed to 0 (see :mod:`autoplan.ilp.solve`);
-    exact, and much faster under a memory budget."""
+    with every variable the bound rules out fixed to 0 (see
+    :mod:`autoplan.ilp.solver.solve`); exact, and much faster under a memory budget."""
     topology: Topology = field(default_factory=Topology)
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 

@@ -1,11 +1,12 @@
-"""Stage 5a-pre for ``activation_checkpointing="auto"``: each layer's checkpointing mode
-as part of its nodes' strategies, so the ILP chooses it per layer.
+"""Stage 5a (reductions) for ``activation_checkpointing="auto"``: each layer's
+checkpointing mode as part of its nodes' strategies, so the ILP chooses it per layer.
 
 Input: the traced graph, its strategy table, the cost table without recomputation and
-its follower reduction (:mod:`autoplan.ilp.reduce`, run with :func:`mode_boundary`
-kept apart). Output: a :class:`ModeChoice`: the reduced cost table in which every root
-holding a layer's forward node has its strategies once per mode (strategy ``i`` of mode
-``k`` is ``k * n + i``), and the map back to a strategy per node and a mode per layer.
+its follower reduction (:mod:`autoplan.ilp.reductions.followers`, run with
+:func:`mode_boundary` kept apart). Output: a :class:`ModeChoice`: the reduced cost table
+in which every root holding a layer's forward node has its strategies once per mode
+(strategy ``i`` of mode ``k`` is ``k * n + i``), and the map back to a strategy per node
+and a mode per layer.
 
 Why: which values a layer keeps and which it computes again decide both the step's
 time and its memory, and the best trade under a budget can differ between layers
@@ -44,7 +45,7 @@ from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
 from autoplan.graph import forward_part, layer_of
-from autoplan.ilp.reduce import FOLDED, FOLLOWED, Reduction
+from autoplan.ilp.reductions.followers import FOLDED, FOLLOWED, Reduction
 from autoplan.recompute import recompute_set
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph

@@ -1,6 +1,6 @@
 """The solve stage's messages: how a solve ended, and why no plan fits a budget.
 
-Input: a solver's :class:`~autoplan.ilp.solve.Solution`, or the smallest footprint a
+Input: a solver's :class:`~autoplan.ilp.solver.solve.Solution`, or the smallest footprint a
 budget is below. Output: the text a :class:`~autoplan.plan.Plan` carries, naming the
 setting and the lever that would help. Why apart: :mod:`autoplan.solve_stage`
 sequences the solve; these say what it found.
@@ -17,7 +17,7 @@ import numpy as np
 
 from autoplan.config import PlanConfig
 from autoplan.cost.price import CostTable
-from autoplan.ilp.solve import Solution
+from autoplan.ilp.solver.solve import Solution
 from autoplan.plan import Plan
 
 __all__ = ["infeasible", "min_memory", "status_message", "too_small"]

@@ -26,11 +26,11 @@ from autoplan.config import PlanConfig
 from autoplan.constraints import untie
 from autoplan.cost.price import CostTable
 from autoplan.errors import PlanError
-from autoplan.ilp.build import IlpModel, build_ilp
-from autoplan.ilp.cluster import ROUNDS, Clustering, cluster
-from autoplan.ilp.problem import InfeasibleError, plain_size
-from autoplan.ilp.reduce import Reduction, collapse_followers
-from autoplan.ilp.untie import solve_untying
+from autoplan.ilp.formulation.build import IlpModel, build_ilp
+from autoplan.ilp.formulation.problem import InfeasibleError, plain_size
+from autoplan.ilp.reductions.followers import Reduction, collapse_followers
+from autoplan.ilp.reductions.tying import ROUNDS, Clustering, cluster
+from autoplan.ilp.solver.stage import solve_ilp
 from autoplan.layer_modes import ModeChoice, layer_modes, mode_boundary
 from autoplan.plan import Plan
 from autoplan.readout import read_solution
@@ -230,7 +230,7 @@ class _Reduced:
     """One solve's reduced table (``reduction.costs``) and what differs between modes:
     the strategy masks over it, the unreduced table the plain ILP's size is counted on,
     the mode's name for messages, the rounds of layer tying
-    (:func:`~autoplan.ilp.cluster.cluster`) and the key its built ILP is kept under."""
+    (:func:`~autoplan.ilp.reductions.tying.cluster`) and the key its built ILP is kept under."""
 
     reduction: Reduction
     allowed: dict[str, np.ndarray]
@@ -282,7 +282,7 @@ def _solve_reduced(
         "pruned": model_ilp.stats.get("pruned", 0),
     }
     done = timed("solve")
-    solution, split = solve_untying(
+    solution, split = solve_ilp(
         ilp_costs,
         model_ilp,
         solver=config.solver,
@@ -317,7 +317,7 @@ def _solve_reduced(
 def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[IlpModel, int]:
     """The ILP of ``reduced`` under ``budget`` and how many nodes it ties to a twin: the
     one built before for the same key with its memory row moved
-    (:meth:`~autoplan.ilp.build.IlpModel.with_budget`) when it can be, else built."""
+    (:meth:`~autoplan.ilp.formulation.build.IlpModel.with_budget`) when it can be, else built."""
     kept = problem.built.get(reduced.key) if reduced.key is not None else None
     if kept is not None and budget is not None:
         moved = kept[0].with_budget(budget)

@@ -3,8 +3,9 @@
 Input: the solve stage's :class:`~autoplan.solve_stage.Problem` and the plan
 :func:`~autoplan.solve_stage.solve_mode` made. Output: that plan when its peak (what the
 budget caps plus the backward's transient) fits, else the mode solved again with room
-kept for the transient (on the ILP already built, :meth:`~autoplan.ilp.build.IlpModel.with_budget`),
-or the first plan saying by how much it is over. Why apart: the planner runs it once,
+kept for the transient (on the ILP already built,
+:meth:`~autoplan.ilp.formulation.build.IlpModel.with_budget`), or the first plan saying by
+how much it is over. Why apart: the planner runs it once,
 after the mode's first solve.
 """
 

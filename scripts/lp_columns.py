@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-import autoplan.planner as planner
-from autoplan.ilp.backends import _read_solution, cbc_path, write_mps
-from autoplan.ilp.build import IlpModel
-from autoplan.ilp.incumbent import from_lp
-from autoplan.ilp.matrix import Matrix, _Flow
+import autoplan.solve_stage as solve_stage
+from autoplan.ilp.bound.incumbent import from_lp
+from autoplan.ilp.formulation.build import IlpModel
+from autoplan.ilp.formulation.matrix import Flow, Matrix
+from autoplan.ilp.solver.backends import cbc_path, read_solution, write_mps
 from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run
 
@@ -49,18 +49,18 @@ class _Built(Exception):
 
 def _model(config: str, overrides: list[str]) -> IlpModel:
     """The planner's ILP for ``config`` (planning stops right after the build)."""
-    build = planner.build_ilp
+    build = solve_stage.build_ilp
 
     def stop(costs, **kw):  # type: ignore[no-untyped-def]
         raise _Built(build(costs, **kw))
 
-    planner.build_ilp = stop
+    solve_stage.build_ilp = stop
     try:
         run_plan(load_run(config, overrides), quiet=True)
     except _Built as built:
         return built.model
     finally:
-        planner.build_ilp = build
+        solve_stage.build_ilp = build
     raise RuntimeError(f"{config}: planning ended before the ILP build")
 
 
@@ -76,7 +76,7 @@ def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray | None, np.ndarray, str
         check=True,
     ).stdout
     seconds = time.perf_counter() - began
-    _, x, _, y = _read_solution(str(sol), m.num_cols, m.num_rows)  # the solve stage's reader
+    _, x, _, y = read_solution(str(sol), m.num_cols, m.num_rows)  # the solve stage's reader
     summary = next((s.strip() for s in out.splitlines() if "objective" in s.lower()), "?")
     return seconds, x, y, summary
 
@@ -97,7 +97,7 @@ def main() -> None:
     m, em = model.emitted.matrix, model.emitted
     flow = np.zeros(m.num_cols, dtype=bool)
     for cols in em.edge_cols:
-        if isinstance(cols, _Flow):
+        if isinstance(cols, Flow):
             flow[cols.first_col : cols.first_col + len(cols.net.arc_cost)] = True
     pair = ~flow & ~m.integer
     print(f"{m.num_cols} columns ({int(m.integer.sum())} binary, {int(pair.sum())} pair, "
@@ -125,7 +125,7 @@ def _generate(model: IlpModel, flow: np.ndarray, rounds: int, tmp: Path) -> None
     keep = ~flow
     for k, e in enumerate(p.edges):
         cols = em.edge_cols[k]
-        if isinstance(cols, _Flow):
+        if isinstance(cols, Flow):
             median = float(np.median(e.cost[np.isfinite(e.cost)]))
             keep[cols.first_col : cols.first_col + len(cols.net.arc_cost)] = (
                 cols.net.arc_cost <= 0.01 * median

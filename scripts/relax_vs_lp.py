@@ -4,7 +4,7 @@ A diagnostic for the solve stage, not part of planning. It plans a run file up t
 the ILP build, then, on the same matrix:
 
 * ``relax``: the solve stage's relaxation (dual ascent, then the LP over the
-  columns its bound prices near zero; :mod:`autoplan.ilp.relax`), timed;
+  columns its bound prices near zero; :mod:`autoplan.ilp.bound.relax`), timed;
 * ``whole LP``: the LP relaxation of every column, solved by the same solver;
 
 and prints each one's time and bound, and how many columns reduced-cost fixing
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from lp_columns import _model  # noqa: E402
 
-from autoplan.ilp.backends import run  # noqa: E402
-from autoplan.ilp.relax import relax  # noqa: E402
+from autoplan.ilp.bound.relax import relax  # noqa: E402
+from autoplan.ilp.solver.backends import run  # noqa: E402
 from autoplan.run_plan import run_plan  # noqa: E402
 from autoplan.runfile import load_run  # noqa: E402
 

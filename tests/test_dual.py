@@ -1,4 +1,4 @@
-"""Tests for autoplan.ilp.dual: the bound by dual ascent and the column prices it gives."""
+"""Tests for autoplan.ilp.bound.dual: the bound by dual ascent and the column prices it gives."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.ilp.backends import run
-from autoplan.ilp.dual import Ascent, ascend
-from autoplan.ilp.dual_layout import diagonal_blocks
-from autoplan.ilp.dual_prices import column_reduced_costs, decode
-from autoplan.ilp.incumbent import cost_of, from_plan, memory_of
-from autoplan.ilp.matrix import emit
-from autoplan.ilp.problem import Edge, Problem
-from autoplan.ilp.relax import _start_vector, relax
+from autoplan.ilp.bound.dual import Ascent, ascend
+from autoplan.ilp.bound.dual_layout import diagonal_blocks
+from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
+from autoplan.ilp.bound.incumbent import cost_of, from_plan, memory_of
+from autoplan.ilp.bound.relax import relax, start_vector
+from autoplan.ilp.formulation.matrix import emit
+from autoplan.ilp.formulation.problem import Edge, Problem
+from autoplan.ilp.solver.backends import run
 from tests.helpers.brute_force import problem_plans
 from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 
@@ -62,7 +62,7 @@ def test_every_plan_costs_at_least_the_bound_plus_each_of_its_columns_price(kind
             assert dual.bound <= cost + 1e-9 * max(1.0, cost)
             for r, i in choice.items():
                 assert dual.bound + dual.reduced[r][i] <= cost + 1e-7 * max(1.0, cost)
-            used = _start_vector(model, choice) > 0
+            used = start_vector(model, choice) > 0
             assert (dual.bound + dj[used] <= cost + 1e-7 * max(1.0, cost)).all()
 
 
@@ -170,9 +170,9 @@ def test_relax_bound_and_fixing_keep_the_optimum_on_routed_problems():
         assert rel.bound <= best + 1e-9 * max(1.0, best)
         keep = rel.keep()
         if keep is not None:
-            used = _start_vector(model, choice) > 0
+            used = start_vector(model, choice) > 0
             optimal_kept = any(
-                keep[_start_vector(model, c) > 0].all()
+                keep[start_vector(model, c) > 0].all()
                 for c, cost in plans
                 if cost <= best + 1e-9 * max(1.0, best)
             )
@@ -194,7 +194,7 @@ def test_sweeps_stop_at_the_time_limit_with_a_valid_bound():
 def test_knapsack_questions_match_the_per_class_answers():
     """The laid-out memory classes answer 'over budget at λ?' and the bound's λ part as a
     loop over the classes would, ties included (first cheapest strategy)."""
-    from autoplan.ilp.memory_price import _Knapsack
+    from autoplan.ilp.bound.memory_price import Knapsack
 
     rng = np.random.default_rng(0)
     base = [rng.choice([1.0, 2.0, 3.0, np.inf], int(rng.integers(1, 6))) for _ in range(40)]
@@ -202,7 +202,7 @@ def test_knapsack_questions_match_the_per_class_answers():
         b[0] = 1.0  # every class keeps a finite strategy
     mib = [rng.choice([1.0, 4.0, 9.0], len(b)) for b in base]
     budget = 0.5 * sum(float(m.max()) for m in mib)
-    sack = _Knapsack(base, mib, budget)
+    sack = Knapsack(base, mib, budget)
     for lam in (0.0, 0.05, 0.25, 1.0, 3.0):
         used = sum(float(m[np.argmin(b + lam * m)]) for b, m in zip(base, mib, strict=True))
         low = sum(float(np.min(b + lam * m)) for b, m in zip(base, mib, strict=True))

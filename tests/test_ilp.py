@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.problem import InfeasibleError
-from autoplan.ilp.reduce import collapse_followers
-from autoplan.ilp.solve import solve
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.formulation.problem import InfeasibleError
+from autoplan.ilp.reductions.followers import collapse_followers
+from autoplan.ilp.solver.solve import solve
 from autoplan.recompute import priced_recompute
 from autoplan.strategies.dtensor import Replicate, Shard
 from autoplan.strategies.table import (
@@ -405,14 +405,14 @@ def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):
     import torch
 
     import autoplan
-    from autoplan.ilp import untie
-    from autoplan.ilp.solve import Solution
+    from autoplan.ilp.solver import stage
+    from autoplan.ilp.solver.solve import Solution
 
     def stopped(model, **kwargs):
         sol = solve(model, **kwargs)
         return dataclasses.replace(sol, status="time_limit", bound_us=sol.objective_us * 0.9)
 
-    monkeypatch.setattr(untie, "solve", stopped)
+    monkeypatch.setattr(stage, "solve", stopped)
     config = autoplan.PlanConfig(time_limit_s=7.0)
     plan = autoplan.plan(meta_mlp, lambda: torch.randn(32, 64), mesh8, config=config)
     assert plan.status == "time_limit"
@@ -429,9 +429,9 @@ def test_solver_stopped_still_returns_the_plan_decoded_from_the_bound(meta_mlp, 
     import torch
 
     import autoplan
-    from autoplan.ilp import relax as relax_module
-    from autoplan.ilp import solve as solve_module
-    from autoplan.ilp.backends import RunResult
+    from autoplan.ilp.bound import relax as relax_module
+    from autoplan.ilp.solver import solve as solve_module
+    from autoplan.ilp.solver.backends import RunResult
 
     for module in (relax_module, solve_module):
         monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))
@@ -447,9 +447,9 @@ def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, m
     import torch
 
     import autoplan
-    from autoplan.ilp import relax as relax_module
-    from autoplan.ilp import solve as solve_module
-    from autoplan.ilp.backends import RunResult
+    from autoplan.ilp.bound import relax as relax_module
+    from autoplan.ilp.solver import solve as solve_module
+    from autoplan.ilp.solver.backends import RunResult
 
     for module in (relax_module, solve_module):
         monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))

@@ -11,10 +11,10 @@ import autoplan
 from autoplan.config import CHECKPOINT_MODES
 from autoplan.constraints import allowed_strategies
 from autoplan.cost.price import price
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.incumbent import footprint, priced
-from autoplan.ilp.reduce import collapse_followers
-from autoplan.ilp.solve import solve
+from autoplan.ilp.bound.incumbent import footprint, priced
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.reductions.followers import collapse_followers
+from autoplan.ilp.solver.solve import solve
 from autoplan.layer_modes import layer_modes, mode_boundary
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.recompute import checkpointed, layer_names, recompute_set

@@ -1,4 +1,5 @@
-"""Tests for autoplan.ilp.matrix and autoplan.ilp.backends: the arrays both solvers read."""
+"""Tests for autoplan.ilp.formulation.matrix and autoplan.ilp.solver.backends: the arrays both
+solvers read."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from autoplan.ilp.backends import RunResult, run, write_mps
-from autoplan.ilp.incumbent import cost_of, memory_of
-from autoplan.ilp.matrix import _Flow, emit
-from autoplan.ilp.problem import Edge, Problem
-from autoplan.ilp.solve import _start_vector, solve
+from autoplan.ilp.bound.incumbent import cost_of, memory_of
+from autoplan.ilp.bound.relax import start_vector
+from autoplan.ilp.formulation.matrix import Flow, emit
+from autoplan.ilp.formulation.problem import Edge, Problem
+from autoplan.ilp.solver.backends import RunResult, run, write_mps
+from autoplan.ilp.solver.solve import solve
 from tests.helpers.brute_force import brute_force_problem
 from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 
@@ -147,7 +149,7 @@ def test_mps_file_reads_back_as_the_matrix(seed, tmp_path):
 
 def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypatch):
     """A MIP stopped on time that hands back fractional LP values yields the checked incumbent."""
-    from autoplan.ilp import solve as solve_module
+    from autoplan.ilp.solver import solve as solve_module
 
     p = next(
         q
@@ -186,7 +188,7 @@ def test_flow_edges_solve_to_brute_force(seed, solver):
     assert sol.objective_us == pytest.approx(best, rel=1e-6, abs=1e-6)
     # the warm start of the optimal plan meets every row and costs what the plan costs
     m = model.emitted.matrix
-    x = _start_vector(model, {r: sol.choice[r] for r in p.linear})
+    x = start_vector(model, {r: sol.choice[r] for r in p.linear})
     activity = np.zeros(m.num_rows)
     for j in range(m.num_cols):
         span = slice(m.start[j], m.start[j + 1])
@@ -198,7 +200,7 @@ def test_flow_edges_solve_to_brute_force(seed, solver):
 def test_routed_problems_are_laid_out_as_flows():
     """The cases above do exercise the flow layout (not only the pairwise one)."""
     flows = sum(
-        isinstance(cols, _Flow) for s in range(25) for cols in emit(routed_problem(s)).edge_cols
+        isinstance(cols, Flow) for s in range(25) for cols in emit(routed_problem(s)).edge_cols
     )
     assert flows >= 10
 
@@ -206,7 +208,7 @@ def test_routed_problems_are_laid_out_as_flows():
 def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
     """A CBC that ignores -sec (it can, after a timed-out -dualS) is stopped past the limit
     and its grace, and the run reports no solution instead of hanging the planner."""
-    from autoplan.ilp import backends
+    from autoplan.ilp.solver import backends
 
     slow = tmp_path / "cbc"
     slow.write_text("#!/bin/sh\nsleep 60\n")
@@ -225,7 +227,7 @@ def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
 @pytest.mark.parametrize("ran_out", [False, True])
 def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_out):
     """CBC's "Integer infeasible" proves nothing when it comes at -sec (preprocessing cut short)."""
-    from autoplan.ilp import backends
+    from autoplan.ilp.solver import backends
 
     m = emit(random_problem(0)).matrix
     limit = 0.05

@@ -122,7 +122,7 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
     """Solved again with room for the transient, a plan reuses the ILP its first solve
     built (only the memory row's bound moves) and equals the plan of an ILP built anew."""
     from autoplan import solve_stage
-    from autoplan.ilp.build import IlpModel
+    from autoplan.ilp.formulation.build import IlpModel
 
     free = _plan((4,))
     budget = 0.7 * sum(free.memory_breakdown[k] for k in CATEGORIES[:4]) / 2**30

@@ -1,4 +1,4 @@
-"""The layer-by-layer mix of the tied LP's strategies (stage 5c-pre, autoplan.ilp.mix)."""
+"""The layer-by-layer mix of the tied LP's strategies (stage 5d, autoplan.ilp.untying.mix)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.mix import _hull, mix_layers
-from autoplan.ilp.solve import relax
-from autoplan.ilp.untie import solve_untying
+from autoplan.ilp.bound.relax import relax
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.solver.stage import solve_ilp
+from autoplan.ilp.untying.mix import lower_hull, mix_layers
 from tests.helpers.brute_force import brute_force, footprint, step_time
 from tests.helpers.ilp_problems import budget_between, layer_stack, tie_layers
 
@@ -48,11 +48,11 @@ def test_mix_takes_the_fast_weight_in_as_many_layers_as_the_budget_holds():
 
 
 def test_untie_stage_returns_the_mix_when_it_is_near_the_bound():
-    """solve_untying on the same stack: the optimum, with the layers split."""
+    """solve_ilp on the same stack: the optimum, with the layers split."""
     costs = _weights_stack(6)
     budget = 4 * 10.0 + 2 * 2.0
     model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
-    solution, split = solve_untying(costs, model)
+    solution, split = solve_ilp(costs, model)
     assert solution.objective_us == pytest.approx(brute_force(costs, budget=budget))
     assert split > 0
 
@@ -90,4 +90,4 @@ def test_hull_keeps_the_options_that_save_time_at_a_falling_rate_per_byte():
         (2.0, 6.0, (1,)),
         (5.0, 4.0, (4,)),
     ]
-    assert [o[2] for o in _hull(options)] == [(0,), (1,), (2,)]
+    assert [o[2] for o in lower_hull(options)] == [(0,), (1,), (2,)]

@@ -11,13 +11,13 @@ import torch
 import autoplan
 from autoplan.constraints import allowed_strategies
 from autoplan.cost.price import CostTable, EdgeCost, price
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.cluster import cluster
-from autoplan.ilp.problem import lower, simplify
-from autoplan.ilp.prune import prune_dominated
-from autoplan.ilp.reduce import collapse_followers
-from autoplan.ilp.solve import solve
-from autoplan.ilp.untie import solve_untying
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.formulation.problem import lower, simplify
+from autoplan.ilp.formulation.prune import prune_dominated
+from autoplan.ilp.reductions.followers import collapse_followers
+from autoplan.ilp.reductions.tying import cluster
+from autoplan.ilp.solver.solve import solve
+from autoplan.ilp.solver.stage import solve_ilp
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
@@ -179,7 +179,7 @@ def _objective(costs, allowed, budget, *, reduced: bool) -> tuple[float, dict]:
     # reduced-cost fixing (exact, checked against brute force above): without it the plain
     # budgeted 2-layer 2x2x2 ILP ran over 50 minutes; with the LP's reduced costs, 6
     # minutes; with the dual ascent's prices the 4-layer one takes about 6 s.
-    sol, _ = solve_untying(costs, model, solver="highs", mip_gap=2e-4, untie=tie is not None)
+    sol, _ = solve_ilp(costs, model, solver="highs", mip_gap=2e-4, untie=tie is not None)
     assert sol.status == "optimal"
     return sol.objective_us, sol.choice
 
@@ -216,7 +216,7 @@ def test_reduced_ilp_matches_plain_under_a_binding_budget(layers, shape):
 @pytest.mark.parametrize("seed", range(10))
 def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
     """The dedupe-probe-confirm dominance check drops exactly the rows the full comparison drops."""
-    from autoplan.ilp.prune import _dominated
+    from autoplan.ilp.formulation.prune import dominated
 
     rng = np.random.default_rng(seed)
     f = rng.choice([0.0, 1.0, 2.0, np.inf], (40, 100), p=[0.4, 0.3, 0.2, 0.1])
@@ -229,7 +229,7 @@ def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
     beats = le & (~ge | (idx[:, None] < idx[None, :]))
     np.fill_diagonal(beats, False)
     expected = beats.any(axis=0)
-    np.testing.assert_array_equal(_dominated(f, probe=8, grid=3, chunk=16), expected)
+    np.testing.assert_array_equal(dominated(f, probe=8, grid=3, chunk=16), expected)
     assert expected.any()
 
 
@@ -246,7 +246,7 @@ def _every_pair_dominated(f: np.ndarray) -> np.ndarray:
 def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     """Columns of more distinct prices than the probe's ranks hold, and rows equal in value
     but not in bytes (0.0 and -0.0): the same rows go as by the full comparison."""
-    from autoplan.ilp.prune import _dominated
+    from autoplan.ilp.formulation.prune import dominated
 
     rng = np.random.default_rng(seed)
     f = rng.integers(0, 5000, (600, 40)).astype(np.float64)  # ~560 distinct per column
@@ -260,7 +260,7 @@ def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     expected = _every_pair_dominated(f)
     assert expected[100:150].sum() >= 45 and expected[200] and expected[202]
     assert not expected[0] and not expected[201]
-    np.testing.assert_array_equal(_dominated(f, probe=16, grid=4, chunk=64), expected)
+    np.testing.assert_array_equal(dominated(f, probe=16, grid=4, chunk=64), expected)
 
 
 def _brute_dominated(f: np.ndarray) -> np.ndarray:
@@ -276,9 +276,9 @@ def _brute_dominated(f: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_mode_blocks_are_pruned_apart_only_when_no_block_can_dominate_another(seed):
-    """_dominated_in_blocks equals comparing every pair: on blocks that a block diagonal
+    """dominated_in_blocks equals comparing every pair: on blocks that a block diagonal
     edge keeps apart (checked block by block) and on blocks it does not."""
-    from autoplan.ilp.prune import _dominated_in_blocks
+    from autoplan.ilp.formulation.prune import dominated_in_blocks
 
     rng = np.random.default_rng(seed)
     count, width = 3, int(rng.integers(3, 7))
@@ -288,4 +288,4 @@ def test_mode_blocks_are_pruned_apart_only_when_no_block_can_dominate_another(se
     diagonal = np.where(block[:, None] == np.arange(count)[None, :], 0.0, np.inf)
     for apart in (True, False):
         g = np.hstack([f, diagonal]) if apart else f
-        np.testing.assert_array_equal(_dominated_in_blocks(g, block), _brute_dominated(g))
+        np.testing.assert_array_equal(dominated_in_blocks(g, block), _brute_dominated(g))

@@ -1,4 +1,4 @@
-"""Untying repeated layers under a memory budget (stage 5c)."""
+"""Untying repeated layers under a memory budget (stage 5d), run by solve_ilp."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import pytest
 import torch
 
 import autoplan
-import autoplan.ilp.solve as solve_module
-import autoplan.ilp.untie as untie_module
+import autoplan.ilp.solver.solve as solve_module
 from autoplan.cost.price import CostTable
-from autoplan.ilp.backends import RunResult
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.solve import relax, solve
-from autoplan.ilp.untie import solve_untying, worth_untying
+from autoplan.ilp.bound.relax import relax
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.solver.backends import RunResult
+from autoplan.ilp.solver.solve import solve
+from autoplan.ilp.solver.stage import PROOF_MIN_S, solve_ilp
+from autoplan.ilp.untying.untie import worth_untying
 from autoplan.models.mlp import TinyMLP
 from tests.helpers.brute_force import brute_force, combos, footprint, step_time
 from tests.helpers.ilp_problems import (
@@ -27,7 +28,7 @@ from tests.helpers.ilp_problems import (
 def _tied_then_untied(costs: CostTable, budget: float):
     model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     assert worth_untying(model, relax(model))
-    return solve(model), solve_untying(costs, model)
+    return solve(model), solve_ilp(costs, model)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -139,17 +140,17 @@ def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_time_limit(monkeypat
     costs = layer_stack(3, 0, coupled=False)
     budget = budget_between(costs, 0.3)
     model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
-    whole, split = solve_untying(costs, model)
+    whole, split = solve_ilp(costs, model)
     assert whole.status == "optimal" and whole.proof_budget_s is None and split > 0
     limits = _cut_proofs(monkeypatch)
-    cut, split_cut = solve_untying(costs, model)
-    # The relaxation of 7 nodes takes far less than _PROOF_MIN_S: the budget is that floor.
-    assert len(limits) == 1 and limits[0] == pytest.approx(untie_module._PROOF_MIN_S, abs=0.5)
-    assert cut.status == "time_limit" and cut.proof_budget_s == untie_module._PROOF_MIN_S
+    cut, split_cut = solve_ilp(costs, model)
+    # The relaxation of 7 nodes takes far less than PROOF_MIN_S: the budget is that floor.
+    assert len(limits) == 1 and limits[0] == pytest.approx(PROOF_MIN_S, abs=0.5)
+    assert cut.status == "time_limit" and cut.proof_budget_s == PROOF_MIN_S
     assert (cut.objective_us, cut.choice, split_cut) == (whole.objective_us, whole.choice, split)
     assert 0.0 <= cut.gap < 1.0
     limits.clear()
-    short, _ = solve_untying(costs, model, time_limit_s=2.0)  # below the budget: the user's
+    short, _ = solve_ilp(costs, model, time_limit_s=2.0)  # below the budget: the user's
     assert short.status == "time_limit" and short.proof_budget_s is None
     assert limits[0] <= 2.0
 

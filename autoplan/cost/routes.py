@@ -19,7 +19,7 @@ runs the route hop by hop (the plan lists the routes that are not one move).
 
 Why the network: a route price is a shortest-path distance, so the ILP can
 carry an edge as a flow from the producer's placement to the consumer's
-over the network's direct moves (:mod:`autoplan.ilp.matrix`) instead of one
+over the network's direct moves (:mod:`autoplan.ilp.formulation.matrix`) instead of one
 variable per placement pair. The flow's LP relaxation equals the pairwise one
 (both are transport problems with the same distances), and the moves that no
 cheapest route needs are left out: on the 70B mesh's largest edge, 1 721 moves

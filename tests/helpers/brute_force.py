@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Mapping, Sized
 import numpy as np
 
 from autoplan.cost.price import CostTable
-from autoplan.ilp.incumbent import cost_of, memory_of
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.bound.incumbent import cost_of, memory_of
+from autoplan.ilp.formulation.problem import Problem
 
 Choice = dict[str, int]
 

@@ -13,9 +13,9 @@ import numpy as np
 from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
 from autoplan.cost.routes import Network
-from autoplan.ilp.build import IlpModel
-from autoplan.ilp.matrix import emit
-from autoplan.ilp.problem import Edge, Problem
+from autoplan.ilp.formulation.build import IlpModel
+from autoplan.ilp.formulation.matrix import emit
+from autoplan.ilp.formulation.problem import Edge, Problem
 from tests.helpers.brute_force import brute_force
 
 SEEDS = range(30)

@@ -1,13 +1,13 @@
-"""Stage 5a, lower: the ILP's data as numpy arrays over tied classes, simplified exactly.
+"""Stage 5b (formulation), problem: the ILP's data over tied classes, simplified exactly.
 
 Input: a :class:`~autoplan.cost.price.CostTable`, each node's allowed
-strategies, the tie map of :mod:`autoplan.ilp.cluster` and the memory budget.
-Output: a :class:`Problem` that :mod:`autoplan.ilp.prune` shrinks further and
-:mod:`autoplan.ilp.build` turns into PuLP objects.
+strategies, the tie map of :mod:`autoplan.ilp.reductions.tying` and the memory budget.
+Output: a :class:`Problem` that :mod:`autoplan.ilp.formulation.prune` shrinks further and
+:mod:`autoplan.ilp.formulation.matrix` lays out as the solver's arrays.
 
-Why numpy first: every reduction below is a few array operations on a
-class's cost vector or an edge's matrix, and PuLP objects are slow to make,
-so the solver model is built once, from the smallest problem.
+Why a problem of its own before the arrays: every reduction below is a few array
+operations on a class's cost vector or an edge's matrix, and the solver's arrays are
+laid out once, from the smallest problem.
 
 A *class* is a set of tied nodes (one node when untied): its strategies
 share one set of variables. ``linear[r][i]`` is class r's cost under
@@ -32,6 +32,7 @@ Simplifications (each keeps every optimum):
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -40,10 +41,8 @@ import numpy as np
 from autoplan.components import components
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Routes
-from autoplan.ilp.cluster import edge_key
-
-# Relative tolerance for recognising a[r] + b[c] prices; far below any price difference that matters.
-_ADDITIVE_RTOL = 1e-12
+from autoplan.ilp.reductions.tying import edge_key
+from autoplan.ilp.tolerances import ADDITIVE_RTOL
 
 
 class InfeasibleError(ValueError):
@@ -94,6 +93,14 @@ class Problem:
 
     def num_allowed(self) -> int:
         return int(sum(np.isfinite(c).sum() for c in self.linear.values()))
+
+    def incident(self) -> dict[str, list[tuple[Edge, bool]]]:
+        """Per class, its edges and whether the class is their source."""
+        out: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
+        for e in self.edges:
+            out[e.src].append((e, True))
+            out[e.dst].append((e, False))
+        return out
 
 
 def lower(
@@ -223,7 +230,7 @@ def _fold(p: Problem, e: Edge) -> bool:
         return False
     if c.shape[0] > 1 and c.shape[1] > 1:
         a, b = c[:, :1], c[:1, :] - c[0, 0]
-        if not np.allclose(c, a + b, rtol=_ADDITIVE_RTOL, atol=0.0):
+        if not np.allclose(c, a + b, rtol=ADDITIVE_RTOL, atol=0.0):
             return False
     a, b = c[:, 0], c[0, :] - c[0, 0]
     ok_s, ok_d = e.src_group >= 0, e.dst_group >= 0
@@ -250,7 +257,7 @@ def _fold_lone_end(p: Problem, e: Edge) -> bool:
 
     Called after :func:`_restrict`, so every allowed strategy of the other end has a
     finite move from (to) that strategy. Cheaper than compacting first: an untied
-    model narrowed to the LP's support (:mod:`autoplan.ilp.untie`) is mostly such edges.
+    model narrowed to the LP's support (:mod:`autoplan.ilp.untying.untie`) is mostly such edges.
     """
     ok_s, ok_d = p.allowed(e.src), p.allowed(e.dst)
     if ok_s.sum() == 1:

@@ -1,16 +1,16 @@
-"""Stage 5b-pre, memory price: the memory row's multiplier for given class potentials.
+"""Stage 5c (bound), memory price: the memory row's multiplier for given class potentials.
 
-Input: a reduced :class:`~autoplan.ilp.problem.Problem` and its classes'
-potentials at a multiplier λ (:mod:`autoplan.ilp.dual`). Output: the λ >= 0 at
+Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem` and its classes'
+potentials at a multiplier λ (:mod:`autoplan.ilp.bound.dual`). Output: the λ >= 0 at
 which the dual bound, with every message held, is highest.
 
 Why its own module: it is the one step of the dual ascent that looks at the
 memory budget, and the only one whose work grows with the number of weight
-classes (about 290 in the untie stage's model of LLaMA3-8B at 32 layers) rather
-than with the edges. How: the bound's part that depends on λ is concave and its
-slope is the budget less the memory of every class's cheapest strategy, so a
-bisection on that slope's sign finds the peak; the classes are laid end to end
-(:class:`_Knapsack`) so that each step is a few array operations.
+classes (one per weight copy in an untied model) rather than with the edges. How:
+the bound's part that depends on λ is concave and its slope is the budget less the
+memory of every class's cheapest strategy, so a bisection on that slope's sign finds
+the peak; the classes are laid end to end
+(:class:`Knapsack`) so that each step is a few array operations.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from autoplan.ilp.matrix import MEMORY_UNIT
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.formulation.matrix import MEMORY_UNIT
+from autoplan.ilp.formulation.problem import Problem
+from autoplan.ilp.tolerances import LAMBDA_BISECTED
 
-__all__ = ["best_lam", "budget_can_bind"]
+__all__ = ["Knapsack", "best_lam", "budget_can_bind"]
+
+# The search for λ doubles from this first guess (µs per MiB; or from the λ held, when
+# larger) until the budget holds, and stops past _LAMBDA_MAX: memory outweighs every
+# price there, so a budget still exceeded is one no plan meets.
+_LAMBDA_START = 1e-6
+_LAMBDA_MAX = 1e15
 
 
 def budget_can_bind(p: Problem) -> bool:
@@ -37,17 +44,17 @@ def best_lam(p: Problem, theta: Mapping[str, np.ndarray], lam: float) -> float:
     """The λ >= 0 that maximizes the bound with the messages held, given the class
     potentials ``theta`` at multiplier ``lam``: where the memory of each class's
     cheapest strategy, summed, stops exceeding the budget."""
-    sack = _Knapsack(
+    sack = Knapsack(
         [theta[r] - lam * m / MEMORY_UNIT for r, m in p.memory.items()],
         [m / MEMORY_UNIT for m in p.memory.values()],
         float(p.budget) / MEMORY_UNIT,  # type: ignore[arg-type]
     )
     if not sack.over(0.0):
         return 0.0
-    lo, hi = 0.0, max(lam, 1e-6)
+    lo, hi = 0.0, max(lam, _LAMBDA_START)
     while sack.over(hi):
         lo, hi = hi, 2.0 * hi
-        if hi > 1e15:
+        if hi > _LAMBDA_MAX:
             return lo
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -55,13 +62,13 @@ def best_lam(p: Problem, theta: Mapping[str, np.ndarray], lam: float) -> float:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-12 * hi:
+        if hi - lo <= LAMBDA_BISECTED * hi:
             break
     # the bound is concave in λ and its slope changes sign in [lo, hi]: take the better end
     return max((lo, hi), key=sack.value)
 
 
-class _Knapsack:
+class Knapsack:
     """The memory classes' potentials without λ (``base``) and footprints in MiB, laid
     end to end so that each question about a λ is a few array operations, whatever the
     number of classes (an untied model has one per weight copy)."""

@@ -8,9 +8,9 @@ import torch
 
 import autoplan
 from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.ilp.build import build_ilp
-from autoplan.ilp.cluster import cluster
-from autoplan.ilp.solve import solve
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.reductions.tying import cluster
+from autoplan.ilp.solver.solve import solve
 from autoplan.models.llama3 import Transformer, tiny
 
 

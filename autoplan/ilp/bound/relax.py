@@ -1,19 +1,20 @@
-"""Stage 5b-pre, relax: the relaxation's bound, column prices and a first plan.
+"""Stage 5c (bound), relax: the relaxation's bound, column prices and a first plan.
 
-Input: an :class:`~autoplan.ilp.build.IlpModel`. Output: a :class:`Relaxation`:
+Input: an :class:`~autoplan.ilp.formulation.build.IlpModel`. Output: a :class:`Relaxation`:
 a lower bound, per column a price ``d_j`` (every plan using column j costs at
 least the bound plus it), the plan to start the MIP from and its cost, and the
 strategies the LP relaxation uses.
 
-Why its own stage: the solve stage (:mod:`autoplan.ilp.solve`) fixes every
-column priced above the incumbent's gap, and the untie stage
-(:mod:`autoplan.ilp.untie`) runs between the two. How: dual ascent
-(:mod:`autoplan.ilp.dual`) gives the bound and prices and decodes a plan; the
-LP relaxation is then solved only over the columns priced near zero (25 873
-of 159 869 on LLaMA3-70B, 0.2-0.5 s, where CBC takes 14-19 s on the whole
-LP), which says which strategies the relaxation uses and what the memory row
-is worth, and the ascent settles its bound at that price. When no plan can
-be decoded, the whole LP is solved instead.
+Why a step of its own: the MIP (:mod:`autoplan.ilp.solver.solve`) fixes every column
+priced above the incumbent's gap, and the untie step (:mod:`autoplan.ilp.untying.untie`)
+runs between the two, reading the LP's strategies. How: dual ascent
+(:mod:`autoplan.ilp.bound.dual`) gives the bound and prices and decodes a plan; the
+LP relaxation is then solved only over the columns priced near zero, a small share
+of them and far quicker than the whole LP, which says which strategies the
+relaxation uses and what the memory row is worth, and the ascent settles its bound
+at that price. When no plan can be decoded, the whole LP is solved instead. Both LPs
+go through :mod:`autoplan.ilp.solver.backends`, which needs nothing past the
+formulation.
 """
 
 from __future__ import annotations
@@ -25,15 +26,32 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.ilp.backends import check_solver, run
-from autoplan.ilp.build import IlpModel
-from autoplan.ilp.dual import Ascent, Warm
-from autoplan.ilp.dual_prices import column_reduced_costs, decode
-from autoplan.ilp.incumbent import cost_of, from_lp, from_plan, memory_of
-from autoplan.ilp.matrix import Matrix
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.bound.dual import Ascent
+from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
+from autoplan.ilp.bound.incumbent import cost_of, from_lp, from_plan, memory_of
+from autoplan.ilp.formulation.build import IlpModel, Warm
+from autoplan.ilp.formulation.matrix import Matrix
+from autoplan.ilp.formulation.problem import Problem
+from autoplan.ilp.solver.backends import check_solver, run
+from autoplan.ilp.tolerances import (
+    BUDGET_BINDS,
+    GAP_NOISE,
+    LP_NONZERO,
+    ROUNDING_RTOL,
+)
 
-__all__ = ["Relaxation", "relax"]
+__all__ = ["Relaxation", "class_values", "relax", "start_vector", "valid_cost"]
+
+
+# The LP of relax keeps the columns whose dual reduced cost is within this share of the
+# bound...
+_USED_SHARE = 1e-5
+# ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
+# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
+_NEAR_SHARE = 0.05
+_NEAR_GROWTH = 5.0
+_NEAR_ROUNDS = 3
+_MET = 0.05
 
 
 def _per_class(
@@ -50,12 +68,12 @@ def _per_class(
     return out
 
 
-def _class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
+def class_values(model: IlpModel, x: np.ndarray) -> dict[str, np.ndarray]:
     """Each class's value per strategy (0 where it has no column; 1 on a lone strategy)."""
     return _per_class(model, x, absent=0.0, lone=1.0)
 
 
-def _start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
+def start_vector(model: IlpModel, choice: dict[str, int]) -> np.ndarray:
     """The column values of plan ``choice`` (one strategy per class): the warm start."""
     em, p = model.emitted, model.reduced
     x = np.zeros(em.matrix.num_cols)
@@ -103,9 +121,8 @@ class Relaxation:
         if self.choice is None or self.x is None or self.dj is None or self.start is None:
             return None
         upper = min(self.upper, cutoff)
-        # margin for rounding and the LP's tolerances, far below any price that matters
-        gap = upper - self.bound + 1e-6 * max(1.0, abs(upper))
-        return ~((self.x <= 1e-9) & (self.dj > gap) & (self.start == 0.0))
+        gap = upper - self.bound + GAP_NOISE * max(1.0, abs(upper))
+        return ~((self.x <= LP_NONZERO) & (self.dj > gap) & (self.start == 0.0))
 
 
 def relax(
@@ -117,9 +134,10 @@ def relax(
 ) -> Relaxation:
     """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
     ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
-    drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.dual`); when no
-    plan can be decoded from it, from the LP relaxation solved by ``solver``.
-    :func:`solve` polishes the incumbent when no cheaper plan is known from elsewhere."""
+    drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.bound.dual`); when
+    no plan can be decoded from it, from the LP relaxation solved by ``solver``.
+    :func:`~autoplan.ilp.solver.solve.solve` polishes the incumbent when no cheaper plan is
+    known from elsewhere."""
     check_solver(solver)
     began = time.perf_counter()
     m, p = model.emitted.matrix, model.reduced
@@ -137,7 +155,7 @@ def relax(
     # relaxation uses, rounds to a better plan than the decoded one, and its memory
     # row's dual is the multiplier at which the sweeps then settle the bound. When the
     # two do not meet, the columns were too few: the share grows.
-    x0 = _start_vector(model, found[0])
+    x0 = start_vector(model, found[0])
     x, keep = x0.copy(), x0 > 0  # the decoded plan alone is a feasible LP solution
     near = _NEAR_SHARE * (found[1] - dual.bound)
     for _ in range(_NEAR_ROUNDS):
@@ -160,7 +178,7 @@ def relax(
             break
         # too few columns: take every one priced within the LP's distance to the bound
         near = max(_NEAR_GROWTH * near, value - dual.bound)
-    values = _class_values(model, x)
+    values = class_values(model, x)
     rounded = from_lp(p, values)
     if rounded is not None and rounded[1] < found[1]:
         found = rounded
@@ -200,18 +218,7 @@ def _memory_multiplier(m: Matrix, y: np.ndarray | None, lam: float) -> float | N
 def _binds(p: Problem, values: dict[str, np.ndarray]) -> bool:
     """Whether the relaxation's solution spends all of the memory budget."""
     used = sum(float(np.dot(mem, values[r])) for r, mem in p.memory.items() if r in values)
-    return p.budget is not None and used >= p.budget * (1 - _SLACK)
-
-
-# The LP of relax keeps the columns whose dual reduced cost is within this share of the
-# bound...
-_USED_SHARE = 1e-5
-# ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
-# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
-_NEAR_SHARE = 0.05
-_NEAR_GROWTH = 5.0
-_NEAR_ROUNDS = 3
-_MET = 0.05
+    return p.budget is not None and used >= p.budget * (1 - BUDGET_BINDS)
 
 
 def _with_start(
@@ -223,7 +230,7 @@ def _with_start(
     if start is None:
         return found
     known = {r: int(start[r]) for r in model.reduced.linear}
-    cost = _valid_cost(model, known)
+    cost = valid_cost(model, known)
     if found is None or cost < found[1]:
         return (known, cost) if math.isfinite(cost) else found
     return found
@@ -245,7 +252,7 @@ def _relaxation(
     if found is not None:
         choice, upper = found
         stats["rounded_us"] = stats["incumbent_us"] = upper
-        x0 = _start_vector(model, choice)
+        x0 = start_vector(model, choice)
     seconds = time.perf_counter() - began
     return Relaxation(bound, stats, choice, x0, x, dj, values, reduced, binds, seconds)
 
@@ -263,7 +270,7 @@ def _relax_lp(
     if lp.status != "optimal" or lp.x is None or lp.dj is None:
         return Relaxation(seconds=time.perf_counter() - began)
     bound = float(m.cost @ lp.x) + m.offset
-    values = _class_values(model, lp.x)
+    values = class_values(model, lp.x)
     reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)
     found = _with_start(model, from_lp(p, values), start)
     stats = {"bound_us": bound}
@@ -272,13 +279,9 @@ def _relax_lp(
     )
 
 
-# The LP's memory row binds when it uses all but this share of the budget.
-_SLACK = 1e-6
-
-
-def _valid_cost(model: IlpModel, choice: dict[str, int]) -> float:
+def valid_cost(model: IlpModel, choice: dict[str, int]) -> float:
     """The exact cost of a class choice, or inf if it breaks an edge or the memory budget."""
     p = model.reduced
-    if p.budget is not None and p.memory and memory_of(p, choice) > p.budget * (1 + 1e-9):
+    if p.budget is not None and p.memory and memory_of(p, choice) > p.budget * (1 + ROUNDING_RTOL):
         return math.inf
     return cost_of(p, choice)

@@ -1,20 +1,19 @@
-r"""Stage 5b-pre, dual: the LP relaxation's bound and reduced costs by dual ascent.
+r"""Stage 5c (bound), dual: the LP relaxation's bound and reduced costs by dual ascent.
 
-Input: a reduced :class:`~autoplan.ilp.problem.Problem`. Output: a :class:`Dual`
+Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem`. Output: a :class:`Dual`
 holding a lower bound on the cost of every plan, per class strategy a reduced
 cost (a plan taking that strategy costs at least the bound plus it), the memory
 multiplier, and the edge potentials from which
-:func:`~autoplan.ilp.dual_prices.column_reduced_costs` prices every column of the
+:func:`~autoplan.ilp.bound.dual_prices.column_reduced_costs` prices every column of the
 emitted matrix in the same sense.
 
-Why: solved by a general simplex, the LP relaxation was the solve stage's
-longest step (LLaMA3-70B's tied LP: about 33 000 dual simplex iterations,
-14-19 s with CBC, about 8 s with HiGHS), although the problem behind it is
-small: 102 classes and 193 edges on 70B. Its dual splits by edge, and sweeping
-over the classes reaches the LP's bound to a few millionths in under a second
-there. Nothing here needs to be optimal to be exact: any messages and any
-multiplier give a valid bound and valid reduced costs, so the reduced-cost
-fixing of :mod:`autoplan.ilp.solve` keeps every plan cheaper than its incumbent.
+Why: solved by a general simplex, the LP relaxation is the solve's longest step,
+although the problem behind it has few classes and edges. Its dual splits by
+edge, and sweeping over the classes reaches the LP's bound to a few millionths
+in a fraction of the simplex's time. Nothing here needs to be optimal to be exact: any
+messages and any multiplier give a valid bound and valid reduced costs, so the
+reduced-cost fixing of :mod:`autoplan.ilp.solver.solve` keeps every plan cheaper
+than its incumbent.
 
 How: messages ``a_e`` (over the groups of edge e's source class u) and
 ``b_e`` (over its destination v's groups) move cost between an edge and its
@@ -35,7 +34,7 @@ until the bound stops rising. λ: with the messages settled at λ, the λ best
 for them lies on the side of the bound's peak, and secant steps on that
 difference find it to about 1 %; :meth:`Ascent.refine` then settles the
 messages at a better λ when one is known (the LP's memory dual, see
-:mod:`autoplan.ilp.relax`). :mod:`autoplan.ilp.dual_prices` reads the column
+:mod:`autoplan.ilp.bound.relax`). :mod:`autoplan.ilp.bound.dual_prices` reads the column
 prices and a plan off the result.
 """
 
@@ -47,20 +46,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.dual_layout import End, Visit, diagonal_blocks, flat, starts
-from autoplan.ilp.matrix import MEMORY_UNIT
-from autoplan.ilp.memory_price import best_lam, budget_can_bind
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.bound.dual_layout import End, Visit, diagonal_blocks, flat, starts
+from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind
+from autoplan.ilp.formulation.build import Warm
+from autoplan.ilp.formulation.matrix import MEMORY_UNIT
+from autoplan.ilp.formulation.problem import Problem
+from autoplan.ilp.tolerances import (
+    ASCENT_CONVERGED_REFINE,
+    ASCENT_CONVERGED_SEARCH,
+    LAMBDA_FOUND,
+)
 
-# A run of sweeps stops when one forward-and-backward pair raises the bound by less
-# than this share of it (_LOOSE while λ is searched, _TIGHT at the LP's λ), or after
-# _MAX_SWEEPS pairs.
-_LOOSE = 1e-4
-_TIGHT = 1e-5
+# A run of sweeps stops once converged (tolerances.ASCENT_CONVERGED_*) or after this many
+# forward-and-backward pairs: a bound is valid wherever the sweeps stop.
 _MAX_SWEEPS = 200
-# The λ search stops when the λ best for the converged messages is this close to λ
-# (relative), or after _LAMBDA_STEPS secant steps.
-_LAMBDA_RTOL = 1e-2
+# The λ search stops once found (tolerances.LAMBDA_FOUND) or after this many secant steps.
 _LAMBDA_STEPS = 20
 
 
@@ -180,7 +180,7 @@ class _Ascent:
         for end, c in zip(ends, gave, strict=True):
             end.take(c)
 
-    def converge(self, rise: float = _LOOSE) -> int:
+    def converge(self, rise: float = ASCENT_CONVERGED_SEARCH) -> int:
         """Sweep until a sweep raises the bound by less than ``rise`` of it; returns the
         sweeps made."""
         last = self.bound()
@@ -213,14 +213,6 @@ class _Ascent:
             self._visit(r, True)
         for r in reversed(self.names):
             self._visit(r, False)
-
-
-@dataclass(frozen=True)
-class Warm:
-    """An ascent's multiplier and messages (:meth:`Ascent.warm`): any messages bound every
-    budget of the same problem, so another ascent under another budget starts from them."""
-
-    snapshot: tuple
 
 
 class Ascent:
@@ -256,7 +248,7 @@ class Ascent:
         st = self._st
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
-        self.sweeps += st.converge(_TIGHT)
+        self.sweeps += st.converge(ASCENT_CONVERGED_REFINE)
         if st.bound() > before:
             return True
         st.restore(snap)
@@ -291,11 +283,11 @@ def ascend(p: Problem) -> Dual:
 def _search_lam(st: _Ascent) -> int:
     """Find λ where the bound, maximized over the messages, peaks; returns the sweeps.
 
-    With the messages converged at λ, the λ that is best for them (:func:`~autoplan.ilp.memory_price.best_lam`)
-    lies on the side of the peak: ``g(λ) = best - λ`` is positive below it and
-    negative above it. Secant steps on g find its root (Illinois rule once it is
-    bracketed), each step's messages warm-started from the last; the messages and λ
-    with the highest bound are kept.
+    With the messages converged at λ, the λ that is best for them
+    (:func:`~autoplan.ilp.bound.memory_price.best_lam`) lies on the side of the peak:
+    ``g(λ) = best - λ`` is positive below it and negative above it. Secant steps on g
+    find its root (Illinois rule once it is bracketed), each step's messages
+    warm-started from the last; the messages and λ with the highest bound are kept.
     """
     sweeps = 0
     best = (st.bound(), st.snapshot())
@@ -313,7 +305,7 @@ def _search_lam(st: _Ascent) -> int:
     b = ga
     gb = g(b) if b > 0 else 0.0
     for _ in range(_LAMBDA_STEPS):
-        if abs(gb) <= _LAMBDA_RTOL * b or b == a:
+        if abs(gb) <= LAMBDA_FOUND * b or b == a:
             break
         if st.deadline is not None and time.perf_counter() > st.deadline:
             break

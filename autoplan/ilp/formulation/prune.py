@@ -1,7 +1,8 @@
-"""Stage 5a, prune: drop dominated strategies, an exact reduction of the ILP.
+"""Stage 5b (formulation), prune: drop dominated strategies, an exact reduction of the ILP.
 
-Input: a simplified :class:`~autoplan.ilp.problem.Problem`. Output: the same
-problem with fewer allowed strategies (edited in place) and the number removed.
+Input: a simplified :class:`~autoplan.ilp.formulation.problem.Problem`. Output: the same
+problem with fewer allowed strategies (edited in place) and the number removed. Why:
+fewer strategies are fewer columns, and no optimum is lost.
 
 Strategy i *dominates* strategy j of class r when, with every other class's
 choice held, choosing i never costs more nor breaks more than j:
@@ -17,11 +18,12 @@ dearer, so some optimum avoids j, and j can go. Equal strategies dominate
 each other; the lower index stays. Pruning is done for all classes at once
 against the strategies allowed before the round, which the argument allows
 (each switch is checked against a superset of what is left), then
-:func:`~autoplan.ilp.problem.simplify` drops the rows and columns nothing
+:func:`~autoplan.ilp.formulation.problem.simplify` drops the rows and columns nothing
 maps to any more, which can make more strategies dominated; rounds repeat to
-a fixpoint or ``max_rounds`` (:func:`~autoplan.ilp.build.build_ilp` runs one: see
-its ``_PRUNE_ROUNDS``). A strategy forbidden by the user was never allowed, so it never
-dominates: constrained choices only lose strategies to allowed ones.
+a fixpoint or ``max_rounds`` (:func:`~autoplan.ilp.formulation.build.build_ilp` runs one:
+later rounds remove few strategies and do not speed up the solve). A strategy
+forbidden by the user was never allowed, so it never dominates: constrained choices
+only lose strategies to allowed ones.
 
 This is the pruning of Alpa-style planners made exact (Zheng et al., OSDI
 2022, section 4.2 prunes by heuristics instead).
@@ -31,12 +33,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from autoplan.ilp.problem import Edge, Problem, simplify
+from autoplan.ilp.formulation.problem import Edge, Problem, simplify
 
 # Classes of this many strategies or more are checked on worker threads.
 _THREADED = 256
@@ -53,12 +54,11 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
     return np.hstack(cols)
 
 
-def _dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512) -> np.ndarray:
+def dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays).
 
-    A repeated row goes at once, and only the distinct rows are compared: on LLaMA3-70B
-    native, 15-35 % of an mm class's 1 710 rows repeat another, and the 60 largest
-    classes' checks took 3.1 -> 2.5 s, with the same answer.
+    A repeated row goes at once, and only the distinct rows are compared: many rows of a
+    large class repeat another, and comparing them again gives the same answer.
     """
     first: dict[bytes, int] = {}
     for i, row in enumerate(f):
@@ -71,39 +71,39 @@ def _dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512)
     return out
 
 
-def _dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
-    """:func:`_dominated`, block by block when no row of one block can be <= a row of
+def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
+    """:func:`dominated`, block by block when no row of one block can be <= a row of
     another: a column holds ``inf`` in every row of the first and a finite price in every
     row of the second (an ``auto`` layer's mode blocks, whose edges are block diagonal).
     Then the pairs across blocks need no comparing: a third of the pairs for three."""
     blocks = np.unique(block) if block is not None else ()
     if len(blocks) < 2:
-        return _dominated(f)
+        return dominated(f)
     rows = [np.flatnonzero(block == b) for b in blocks]
     finite = [np.isfinite(f[r]) for r in rows]
     some = [fin.any(axis=0) for fin in finite]  # columns some row of a block has finite
     every = [fin.all(axis=0) for fin in finite]  # columns every row of a block has finite
     for lower, upper in itertools.permutations(range(len(rows)), 2):
         if not (every[upper] & ~some[lower]).any():
-            return _dominated(f)
+            return dominated(f)
     out = np.zeros(len(f), dtype=bool)
     for r in rows:
-        out[r] = _dominated(f[r])
+        out[r] = dominated(f[r])
     return out
 
 
 def _distinct_dominated(
     f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512
 ) -> np.ndarray:
-    """:func:`_dominated` by comparing rows pairwise.
+    """:func:`dominated` by comparing rows pairwise.
 
     Only pairs (i, k) with row i <= row k on ``probe`` spread-out columns can pass on
     all, and there are few; only they are compared on every column. The probe compares
     small ints, each column's values replaced by their rank among its distinct values
     (a price matrix holds a few dozen per column), one column at a time over the whole
     n x n grid for the first ``grid`` columns and over the pairs left after. The same
-    answer as comparing every pair on every column; on LLaMA3-70B native's 163 classes
-    (one thread) 1.83 -> 0.79 s against one n x n x probe comparison of the prices.
+    answer as comparing every pair on every column, with small temporaries: no n x n x
+    probe array of prices.
     """
     n, width = f.shape
     cols = np.unique(np.linspace(0, width - 1, min(probe, width)).astype(np.int64))
@@ -136,10 +136,7 @@ def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
     """One round over every class; ``seen`` holds each class's features from the round
     before, and a class whose features have not changed since is skipped: it lost no
     strategy then (or its features would be shorter now), so none dominates another."""
-    incident: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
-    for e in p.edges:
-        incident[e.src].append((e, True))
-        incident[e.dst].append((e, False))
+    incident = p.incident()
     todo: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]] = []
     for r, cost in p.linear.items():
         idx = np.flatnonzero(np.isfinite(cost))
@@ -152,19 +149,18 @@ def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
             continue
         block = idx // p.blocks[r][1] if r in p.blocks else None
         todo.append((r, idx, f, block))
-    # The big checks are numpy passes over n x n x probe arrays, which run without the GIL:
-    # on worker threads, while this one checks the small classes. LLaMA3-70B native's
-    # pruning (2 CPUs): 3.9 -> 2.0-2.1 s, the same strategies removed.
+    # The big checks run on worker threads while this one checks the small classes: their
+    # numpy passes over n x n arrays release the GIL.
     bad: dict[str, np.ndarray] = {}
     with ThreadPoolExecutor(_WORKERS) as pool:
         pending = {
-            r: pool.submit(_dominated_in_blocks, f, block)
+            r: pool.submit(dominated_in_blocks, f, block)
             for r, idx, f, block in todo
             if len(idx) >= _THREADED
         }
         small = [t for t in todo if t[0] not in pending]
         for r, idx, f, block in small + [t for t in todo if t[0] in pending]:
-            drop = pending[r].result() if r in pending else _dominated_in_blocks(f, block)
+            drop = pending[r].result() if r in pending else dominated_in_blocks(f, block)
             if drop.any():
                 bad[r] = idx[drop]
     for r, gone in bad.items():  # after the loop: every class judged against the same sets

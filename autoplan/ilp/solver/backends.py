@@ -1,15 +1,17 @@
-"""Stage 5b-run, backends: hand a :class:`~autoplan.ilp.matrix.Matrix` to CBC or HiGHS.
+"""Stage 5e (solve), backends: hand a :class:`~autoplan.ilp.formulation.matrix.Matrix` to a solver.
 
 Input: the matrix, whether to keep integrality (``mip``), a time limit, a
-relative gap, optionally a start vector. Output: a :class:`RunResult` with the
-status, the column values and, for an LP, the reduced costs.
+relative gap, optionally a start vector and a cutoff. Output: a :class:`RunResult` with
+the status, the column values and, for an LP, the reduced costs and row duals.
 
 CBC ships inside PuLP as a binary: the matrix is written as a free-format MPS
-file, CBC runs on it (with the options ``solve.py`` documents) and writes a
-solution file with values and reduced costs, which is read back with numpy.
-HiGHS (``highspy``, the optional ``highs`` extra) takes the arrays in memory.
-Neither needs a Python object per variable, which is what made PuLP's model
-slow to build and write on the planner's 50k-700k column ILPs.
+file, CBC runs on it (with the options :func:`_run_cbc` gives, each with its reason)
+and writes a solution file with values and reduced costs, which is read back with
+numpy. HiGHS (``highspy``, the optional ``highs`` extra) takes the arrays in memory.
+Why no modelling layer: a Python object per variable is slow to build and write on
+the planner's large ILPs. The bound's LP
+(:mod:`autoplan.ilp.bound.relax`) runs here too: this module needs nothing past the
+formulation.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pulp
 from pulp.apis import coin_api
 
 from autoplan.errors import PlanError
-from autoplan.ilp.matrix import Matrix
+from autoplan.ilp.formulation.matrix import Matrix
 
 SOLVERS = ("cbc", "highs")
 # Seconds CBC may run past its time limit before it is stopped (see _run_cbc).
@@ -189,8 +191,8 @@ def write_mps(m: Matrix, path: str) -> None:
     """Free-format MPS: columns ``x<j>``, rows ``c<i>``, objective ``obj``; binaries in markers.
 
     Lines are made by concatenating object arrays of strings (names once per row and
-    column, values once per distinct value) rather than one f-string per entry: on
-    LLaMA3-70B's LP (160k columns, 350k entries) 0.73-0.89 -> 0.38-0.41 s.
+    column, values once per distinct value) rather than one f-string per entry, which
+    is far slower on a large matrix.
     """
     rows = _strings([f" c{i}" for i in range(m.num_rows)])
     cols = _strings([f" x{j}" for j in range(m.num_cols)])
@@ -239,7 +241,7 @@ def _write_start(x: np.ndarray, path: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def _read_solution(
+def read_solution(
     path: str, num_cols: int, num_rows: int = 0
 ) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
     """Status word, column values, reduced costs and row duals from CBC's ``-solution``
@@ -310,26 +312,19 @@ def _run_cbc(job: _Job) -> RunResult:
         if mip and cutoff is not None:
             # A MIP under a cutoff near its LP bound is a proof that no plan is cheaper (the
             # tied MIP after untying): CBC's preprocessing, root cuts and presolve cost more
-            # than the search. LLaMA3-70B native's, proved infeasible: 71 s -> 3.9 s with the
-            # first two off and no start (the start was the tied plan, above the cutoff: 5.8 s
-            # with it), 3.8-3.9 -> 1.9 s with presolve off too (14 -> 6 nodes; at four other
-            # cutoffs 0.1-1.1 s faster); its proof before the strided pricing rules 1.9 -> 1.7
-            # s; the 8B ones (2 and 32 layers, both modes) and 70B einsum's 0.01-0.2 s either
-            # way.
+            # than the search there.
             args += ["-cutoff", repr(float(cutoff))]
             args += ["-preprocess", "off", "-cuts", "off", "-presolve", "off"]
         # Primal heuristics rarely pay on this ILP (its LP relaxation is nearly integral)
-        # and the dual simplex suits its re-solves: on LLaMA3-8B 2 layers with a memory
-        # budget, 21 s -> 6 s, same optimum. For an LP, -dualS is the whole solve: a
-        # further -initialSolve presolves and solves it again from the optimal basis
-        # (LLaMA3-70B: 0.4-2 s more, the same bound).
+        # and the dual simplex suits its re-solves. For an LP, -dualS is the whole solve: a
+        # further -initialSolve would presolve and solve it again from the optimal basis.
         args += ["-heur", "off", "-dualS", "-ratio", str(float(mip_gap))]
         args += ["-solve"] if mip else []
         args += ["-printingOptions", "all"]
         args += ["-solution", sol]
         # CBC does not always keep to -sec: when the -dualS solve of a MIP's LP stops on
-        # time, its -solve then runs unbounded (seen on LLaMA3-70B: > 10 min at -sec 1).
-        # Past the limit and a grace for writing the solution, it is stopped here.
+        # time, its -solve then runs unbounded. Past the limit and a grace for writing the
+        # solution, it is stopped here.
         wait = None
         if time_limit_s is not None:
             wait = time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
@@ -341,12 +336,10 @@ def _run_cbc(job: _Job) -> RunResult:
         if code != 0 or not os.path.exists(sol):
             tail = "\n".join(output.splitlines()[-5:])
             raise RuntimeError(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
-        status, x, dj, y = _read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
+        status, x, dj, y = read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
     if status == "infeasible" and ran_out:
         # CBC's preprocessing, cut short by -sec, can say "Integer infeasible" of a model it
-        # has not solved: LLaMA3-70B native's tied MIP under a cutoff was "infeasible" at
-        # -sec 3 and 5, "stopped on time" at 8 and 15, and took 71 s to prove. An answer
-        # given once the time was up proves nothing.
+        # has not solved: an answer given once the time was up proves nothing.
         status = "stopped"
     if mip:
         return RunResult(status, x)

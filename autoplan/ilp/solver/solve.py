@@ -1,27 +1,28 @@
-"""Stage 5b, solve: run a MILP solver on the built ILP and read the choice back.
+"""Stage 5e (solve), solve: run a MILP solver on the built ILP and read the choice back.
 
-Input: an :class:`~autoplan.ilp.build.IlpModel`. Output: a :class:`Solution`
-(status, objective, lower bound, the chosen strategy index of every node).
+Input: an :class:`~autoplan.ilp.formulation.build.IlpModel`, usually with its
+:class:`~autoplan.ilp.bound.relax.Relaxation`. Output: a :class:`Solution` (status,
+objective, lower bound, the chosen strategy index of every node).
 
 CBC ships inside PuLP, so planning needs no extra install; HiGHS
 (``highspy``) is used when asked for and installed. Both get the same arrays
-(:mod:`autoplan.ilp.backends`).
+(:mod:`autoplan.ilp.solver.backends`).
 
 Reduced-cost fixing (``fixing=True``), exact: first a lower bound ``LB`` and,
 per column j, a price ``d_j`` such that every plan using column j costs at
-least ``LB + d_j`` (:mod:`autoplan.ilp.dual`, by dual ascent on the problem's
+least ``LB + d_j`` (:mod:`autoplan.ilp.bound.dual`, by dual ascent on the problem's
 structure), and a feasible plan of cost ``UB`` (decoded from the bound, or
-rounded from an LP, :mod:`autoplan.ilp.incumbent`); then the MIP with that
+rounded from an LP, :mod:`autoplan.ilp.bound.incumbent`); then the MIP with that
 plan as warm start and every column with ``d_j > UB - LB`` left out. No plan
-cheaper than the incumbent is cut off, and the incumbent itself stays. The
-memory row makes the LP fractional and the branch and bound long; on LLaMA3-8B
-the fixing drops two thirds of the variables and most of the tree.
+cheaper than the incumbent is cut off, and the incumbent itself stays. Why: the
+memory row makes the LP fractional and the branch and bound long, and the fixing
+drops most of the columns and of the tree.
 
-The relaxation is its own stage (:mod:`autoplan.ilp.relax`, then
-``solve(relaxed=...)``) so
-that the untie stage (:mod:`autoplan.ilp.untie`) can run between the two and
-hand the MIP a ``cutoff``: a plan known to cost that much replaces UB in the
-test above when it is lower.
+The relaxation is a step of its own (:func:`~autoplan.ilp.bound.relax.relax`, then
+``solve(relaxed=...)``) so that the untie step (:mod:`autoplan.ilp.untying.untie`) can
+run between the two and hand the MIP a ``cutoff``: a plan known to cost that much
+replaces UB in the test above when it is lower
+(:func:`~autoplan.ilp.solver.stage.solve_ilp` runs them in that order).
 """
 
 from __future__ import annotations
@@ -33,18 +34,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.ilp.backends import SOLVERS, check_solver, run
-from autoplan.ilp.build import IlpModel
-from autoplan.ilp.dual import Warm
-from autoplan.ilp.relax import (
-    Relaxation,
-    _class_values,
-    _start_vector,
-    _valid_cost,
-    relax,
-)
+from autoplan.ilp.bound.relax import Relaxation, class_values, relax, start_vector, valid_cost
+from autoplan.ilp.formulation.build import IlpModel, Warm
+from autoplan.ilp.solver.backends import check_solver, run
+from autoplan.ilp.tolerances import GAP_NOISE, LP_NONZERO
 
-__all__ = ["SOLVERS", "Relaxation", "Solution", "relax", "solve"]
+__all__ = ["Solution", "solve"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,8 @@ class Solution:
     ``bound_us`` is a proven lower bound on the optimum (nan when unknown);
     ``stats`` says what the reduced-cost fixing did. ``proof_budget_s`` is set when the
     status is ``time_limit`` because the check that no tied plan beats an untied one
-    stopped at its own budget, not at the user's limit (:mod:`autoplan.ilp.untie`).
+    stopped at its own budget, not at the user's limit
+    (:func:`~autoplan.ilp.solver.stage.solve_ilp`).
     """
 
     status: str  # "optimal" | "time_limit" | "infeasible"
@@ -92,16 +88,15 @@ def _polish(
     is only as strong as the incumbent is good. The columns the LP uses or the bound
     prices within a small share of the gap hold the optimum or a plan near it, and their
     MIP is quick; its plan (checked and priced exactly) replaces the incumbent when
-    cheaper. On LLaMA3-8B 2 layers in native mode this cut the solve from 6.0 s to 3.3 s
-    (CBC) and from 21 s to 4.2 s (HiGHS), with the LP's reduced costs as prices.
-    Nothing is proved here: the final MIP does that.
+    cheaper, which makes the final MIP's fixing stronger. Nothing is proved here: the
+    final MIP does that.
     """
     if pre.choice is None or pre.x is None or pre.dj is None or pre.start is None:
         return pre
     began = time.perf_counter()
     upper, start = pre.upper, pre.start
-    keep = (pre.dj <= _POLISH_SHARE * (upper - pre.bound)) | (pre.x > 1e-9) | (start > 0.0)
-    if upper - pre.bound <= 1e-6 * max(1.0, abs(upper)) or keep.mean() > 0.5:
+    keep = (pre.dj <= _POLISH_SHARE * (upper - pre.bound)) | (pre.x > LP_NONZERO) | (start > 0.0)
+    if upper - pre.bound <= GAP_NOISE * max(1.0, abs(upper)) or keep.mean() > 0.5:
         return pre
     result = run(
         model.emitted.matrix.columns(keep),
@@ -117,17 +112,17 @@ def _polish(
     full = np.zeros(len(keep))
     full[keep] = result.x
     found = _read_choice(model, full)
-    cost = _valid_cost(model, found)
+    cost = valid_cost(model, found)
     if cost >= upper:
         return replace(pre, seconds=seconds)
     stats = dict(pre.stats or {}) | {"incumbent_us": cost}
-    start = _start_vector(model, found)
+    start = start_vector(model, found)
     return replace(pre, choice=found, start=start, stats=stats, seconds=seconds)
 
 
 def _read_choice(model: IlpModel, x: np.ndarray) -> dict[str, int]:
     """Each class's strategy in solution ``x``: the allowed one with the largest value."""
-    values = _class_values(model, x)
+    values = class_values(model, x)
     return {
         r: int(np.argmax(np.where(np.isfinite(c), values[r], -1.0)))
         for r, c in model.reduced.linear.items()
@@ -150,10 +145,11 @@ def solve(
     With ``fixing``, the MIP runs after :func:`relax` (or on ``relaxed``, its result
     computed before; its seconds count in the solution's). ``start`` (a strategy per
     class, e.g. a plan of a more constrained model) is used as the incumbent when it is
-    valid and cheaper than the LP-rounded one (by :func:`relax`, so not with ``relaxed``). ``cutoff`` is the cost of a plan known
-    from elsewhere (an untied one, :mod:`autoplan.ilp.untie`): the MIP then only looks
-    for plans cheaper than it, and the plan returned may cost more than ``cutoff``
-    (the incumbent, when no cheaper plan exists).
+    valid and cheaper than the LP-rounded one (by :func:`relax`, so not with ``relaxed``).
+    ``cutoff`` is the cost of a plan known from elsewhere (an untied one,
+    :mod:`autoplan.ilp.untying.untie`): the MIP then only looks for plans cheaper than it,
+    and the plan returned may cost more than ``cutoff`` (the incumbent, when no cheaper
+    plan exists).
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -193,9 +189,7 @@ def solve(
         if keep is not None and x0 is not None:
             x0 = x0[keep]
         # A cutoff below the incumbent goes to the solver too: it prunes every node that
-        # cannot beat it, and "infeasible" then proves that no plan does (8B native 2
-        # layers' final MIP: 0.33 -> 0.20 s with CBC, 4.85 -> 0.16 s with HiGHS, by
-        # scripts/relax_vs_lp.py).
+        # cannot beat it, and "infeasible" then proves that no plan does.
         limit = cutoff if incumbent is not None and cutoff < pre.upper else None
         result = run(
             sub, solver, mip=True, time_limit_s=left(), mip_gap=mip_gap, start=x0, cutoff=limit
@@ -209,7 +203,7 @@ def solve(
             x = np.zeros(m.num_cols)
             x[keep if keep is not None else slice(None)] = result.x
             found = _read_choice(model, x)
-            cost = _valid_cost(model, found)
+            cost = valid_cost(model, found)
             status = "optimal" if result.status == "optimal" else "time_limit"
         # Searched to the end under a cutoff: no plan is cheaper than the cutoff but the
         # one found (CBC says "infeasible" when there is none), so that is a bound, up
@@ -229,7 +223,7 @@ def solve(
             return Solution(status, float("nan"), {}, seconds, solver, bound, stats=stats)
         choice = found
     else:
-        cost = _valid_cost(model, choice)
+        cost = valid_cost(model, choice)
     if status == "optimal":  # proved, up to the relative gap the solver was allowed
         floor = cost * (1.0 - mip_gap)
         bound = min(cost, max(bound, floor)) if math.isfinite(bound) else floor

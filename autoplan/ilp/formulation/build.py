@@ -1,9 +1,11 @@
-r"""Stage 5a, ILP build: the integer program whose optimum is the plan.
+r"""Stage 5b (formulation), build: the integer program whose optimum is the plan.
 
 Input: a :class:`~autoplan.cost.price.CostTable` (plus which strategies each
 node may keep, the tie map of repeated layers and a memory budget). Output:
 an :class:`IlpModel` holding the problem as solver-ready arrays
-(:mod:`autoplan.ilp.matrix`) and the columns the solution is read from.
+(:mod:`autoplan.ilp.formulation.matrix`) and the columns the solution is read from.
+Why: this is the one place that runs the formulation's steps in order, and its
+docstring is the ILP's math, naming where each constraint group is written.
 
 The math (microseconds of estimated step time)::
 
@@ -24,7 +26,7 @@ The math (microseconds of estimated step time)::
     minimize   Σ_r Σ_i L[r,i] · s[r,i]  +  Σ_uv Σ_gh R[uv,g,h] · e[uv,g,h]
 
 A class r is a node, or the nodes of repeated layers tied to one
-representative (:mod:`autoplan.ilp.cluster`); L sums its members' compute,
+representative (:mod:`autoplan.ilp.reductions.tying`); L sums its members' compute,
 R is a tied edge's price times the number of edges it stands for.
 Groups g, h are *distinct price rows and columns* of the edge, not
 strategies: R depends only on the placement pair, so the linearization of
@@ -39,11 +41,10 @@ Flows: when R is a cheapest-route price (the distance between two states
 of a network of direct moves), one unit of flow from u's state to v's
 costs exactly R with s integral, and its LP relaxation is the same
 transport problem as the pairwise one over the same distances, so the
-bound is unchanged; the network has far fewer moves than placement pairs
-(LLaMA3-70B: about 1 700 moves for 45 000 pairs on its largest edge).
+bound is unchanged; the network has far fewer moves than placement pairs.
 
-Before the arrays are laid out, :mod:`autoplan.ilp.problem` folds edges that
-do not couple two choices into L and :mod:`autoplan.ilp.prune` removes
+Before the arrays are laid out, :mod:`autoplan.ilp.formulation.problem` folds edges that
+do not couple two choices into L and :mod:`autoplan.ilp.formulation.prune` removes
 dominated strategies; both keep the optimum. A class left with one strategy
 has no variable: its cost is a constant and its edges' rows take it on the
 right-hand side.
@@ -57,10 +58,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autoplan.cost.price import CostTable
-from autoplan.ilp.dual import Warm
-from autoplan.ilp.matrix import MEMORY_UNIT, Emitted, emit
-from autoplan.ilp.problem import Problem, lower, simplify
-from autoplan.ilp.prune import prune_dominated
+from autoplan.ilp.formulation.matrix import MEMORY_UNIT, Emitted, emit
+from autoplan.ilp.formulation.problem import Problem, lower, simplify
+from autoplan.ilp.formulation.prune import prune_dominated
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Where a dual ascent on a model ended (:mod:`autoplan.ilp.bound.dual` makes and reads
+    it; opaque here). Any messages bound every budget of the same problem, so an ascent
+    under another budget starts from them: the model carries it to :meth:`IlpModel.with_budget`."""
+
+    snapshot: tuple
 
 
 @dataclass
@@ -114,12 +123,8 @@ class IlpModel:
         )
 
 
-# Pruning rounds build_ilp runs. Later rounds find strategies that became dominated once
-# their neighbours lost some, but did not pay: LLaMA3-70B native, the first round removes
-# 28 113 strategies in 1.3 s, the next three 3 597 more in 0.9 s (with their simplify
-# passes), and the solve was no faster for them (5.6 s either way; 437 632 against 431 480
-# columns). The 8B rows and 70B einsum: the same objectives and solve times, their builds
-# 0.06-0.13 s shorter with one round.
+# Pruning rounds build_ilp runs: later rounds remove few strategies (those dominated once
+# their neighbours lost some) and the solve is no faster for them.
 _PRUNE_ROUNDS = 1
 
 
@@ -136,10 +141,10 @@ def build_ilp(
 
     ``allowed[v]`` masks node v's strategies (user placement constraints);
     missing nodes allow all. ``tie[v] = r`` makes v use r's variables (see
-    :mod:`autoplan.ilp.cluster`): tied nodes must have the same strategy list.
+    :mod:`autoplan.ilp.reductions.tying`): tied nodes must have the same strategy list.
     ``edge_keys`` are the clustering's edge price keys, so they are hashed once.
-    ``prune`` removes dominated strategies first (:mod:`autoplan.ilp.prune`).
-    Raises :class:`~autoplan.ilp.problem.InfeasibleError` (a ValueError) naming
+    ``prune`` removes dominated strategies first (:mod:`autoplan.ilp.formulation.prune`).
+    Raises :class:`~autoplan.ilp.formulation.problem.InfeasibleError` (a ValueError) naming
     the node or edge when the constraints alone leave no plan.
     """
     p = lower(

@@ -1,12 +1,13 @@
-"""Stage 5a-pre, cluster: find nodes of identical repeated layers so they share variables.
+"""Stage 5a (reductions), tying: nodes of identical repeated layers share variables.
 
 Input: a :class:`~autoplan.cost.price.CostTable` (usually after
-:mod:`autoplan.ilp.reduce`). Output: a map node -> representative, where all
+:mod:`autoplan.ilp.reductions.followers`). Output: a map node -> representative, where all
 nodes of one class will take the same strategy.
 
-Identical transformer layers trace into identical subgraphs with identical
-prices. Two nodes are put in one class when a few rounds of
-Weisfeiler-Lehman refinement cannot tell them apart: round 0 hashes a node's
+Why: identical transformer layers trace into identical subgraphs with identical
+prices, and sharing their variables shrinks the ILP to about one layer. Two nodes are
+put in one class when a few rounds of Weisfeiler-Lehman refinement cannot tell them
+apart: round 0 hashes a node's
 own prices (its compute vector, and the shape and prices of each of its
 edges); each further round adds the multiset of its neighbours' classes. Only
 a few rounds are run (``rounds``): run to convergence, the refinement would
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.ilp.tolerances import TIE_DECIMALS
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def _digest(*parts: bytes | str) -> str:
 
 
 def _array_key(a: np.ndarray) -> bytes:
-    return np.round(np.asarray(a, dtype=np.float64), 6).tobytes() + str(a.shape).encode()
+    rounded = np.round(np.asarray(a, dtype=np.float64), TIE_DECIMALS)
+    return rounded.tobytes() + str(a.shape).encode()
 
 
 def _shared_digest(a: np.ndarray, memo: dict[Any, str]) -> str:
@@ -70,10 +73,9 @@ def _shared_digest(a: np.ndarray, memo: dict[Any, str]) -> str:
 def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
     """What an edge costs, independent of which nodes it joins.
 
-    ``prices`` memoizes the digest of each price matrix by identity: edges of one
-    placement pair and shape share one matrix object (the pricer caches it), and on
-    LLaMA3-70B hashing each edge's copy again was most of this stage; and the whole
-    key by the identity of its arrays, which twin edges share.
+    ``prices`` memoizes the digest of each price matrix by identity, and the whole key by
+    the identity of its arrays: edges of one placement pair and shape share one matrix
+    object (the pricer caches it), so each distinct matrix is hashed once.
     """
     if prices is None:
         prices = {}

@@ -1,19 +1,16 @@
-"""Stage 5c-pre, mix: an untied plan that takes the tied LP's strategies layer by layer.
+"""Stage 5d (untying), mix: an untied plan that takes the tied LP's strategies layer by layer.
 
 Input: the node-level cost table, the tied model (its classes, copies and memory
-budget) and the tied LP relaxation's values (:func:`~autoplan.ilp.solve.relax`).
+budget) and the tied LP relaxation's values (:func:`~autoplan.ilp.bound.relax.relax`).
 Output: a strategy per node that meets the budget, and its exact cost; or None.
 
 Why: under a binding memory budget the tied LP relaxation is a mix. In every
 class it leaves fractional it splits the same way, between a fast plan that
-overflows the budget and a lean one that fits: 0.748 / 0.252 in 23 of 164
-classes on LLaMA3-70B in native mode. An untied plan can take the fast plan in
-some layers and the lean one in the others, which is what the untie stage
-(:mod:`autoplan.ilp.untie`) looks for. Its MIP is slow to find that mix: the
-copies are interchangeable, so branch and bound meets each mix many times over.
-On LLaMA3-70B native, CBC had 14 708.5 ms after 10 s and 14 702.45 ms after
-145 s (tied LP bound 14 699.06 ms), and the tied MIP that follows, whose
-cutoff is the untied plan, then took 79 s and 3 s.
+overflows the budget and a lean one that fits. An untied plan can take the fast
+plan in some layers and the lean one in the others, which is what the untie step
+(:mod:`autoplan.ilp.untying.untie`) looks for. Its MIP is slow to find that mix: the
+copies are interchangeable, so branch and bound meets each mix many times over; this
+module finds it directly.
 
 How: the nodes of fractional classes with several copies, joined by the edges
 between them, fall into components: one per layer and a few lone nodes. A
@@ -25,7 +22,6 @@ share no edge, so a plan's cost is the sum of its components' options. That
 is a multiple-choice knapsack, solved greedily on each component's lower
 convex hull of (memory, time): every component starts at its leanest option,
 then hull steps are taken by time saved per byte while the budget allows.
-LLaMA3-70B native: 636 components, 14 703.16 ms in 0.2 s.
 """
 
 from __future__ import annotations
@@ -38,11 +34,11 @@ import numpy as np
 
 from autoplan.components import components
 from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.ilp.build import IlpModel
-from autoplan.ilp.incumbent import footprint, priced
-from autoplan.ilp.solve import Relaxation
+from autoplan.ilp.bound.incumbent import footprint, priced
+from autoplan.ilp.bound.relax import Relaxation
+from autoplan.ilp.formulation.build import IlpModel
+from autoplan.ilp.tolerances import LP_USED
 
-_USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
 # Past this many combinations a component's options are its classes' k-th LP strategies.
 _MAX_OPTIONS = 256
 
@@ -66,7 +62,7 @@ def mix_layers(
             support[r] = [relaxed.choice[r]]
             continue
         v = np.where(np.isfinite(c), v, -1.0)
-        used = [int(i) for i in np.argsort(-v, kind="stable") if v[i] > _USED]
+        used = [int(i) for i in np.argsort(-v, kind="stable") if v[i] > LP_USED]
         support[r] = used or [relaxed.choice[r]]
     copies = Counter(p.rep.values())
     choice = {v: support[r][0] for v, r in p.rep.items()}
@@ -78,7 +74,7 @@ def mix_layers(
         blocks = [costs.blocks.get(v) for v in members]
         supports = [support[p.rep[v]] for v in members]
         hulls.append(
-            (members, _hull(_block_options(costs, members, supports, blocks, choice, edges)))
+            (members, lower_hull(_block_options(costs, members, supports, blocks, choice, edges)))
         )
     if not all(hull for _, hull in hulls):
         return None  # a component with no possible option of the LP's strategies
@@ -187,7 +183,7 @@ def _options(
     return out
 
 
-def _hull(options: list[Option]) -> list[Option]:
+def lower_hull(options: list[Option]) -> list[Option]:
     """The lower convex hull of (memory, time), leanest first: each later option needs
     more memory for less time, at a falling saving per byte."""
     hull: list[Option] = []

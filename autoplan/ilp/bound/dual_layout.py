@@ -1,12 +1,12 @@
-"""Stage 5b-pre, dual layout: the arrays a sweep of :mod:`autoplan.ilp.dual` reads.
+"""Stage 5c (bound), dual layout: the arrays a sweep of :mod:`autoplan.ilp.bound.dual` reads.
 
 Input: one edge end's groups and allowed strategies (:class:`End`), the ends at a
 class (:class:`Visit`), lists of arrays (:func:`flat`). Output: the same data laid
 out so that a visit to a class costs a few numpy calls per class and per edge.
 
-Why: the sweeps are numpy call overhead far more than arithmetic (8B native
-2 layers: 159 classes, 263 edges, 7-8 ms per sweep, and float32 potentials are
-only 4 % faster), so what a visit needs is gathered once, here, not per visit.
+Why: the sweeps are numpy call overhead far more than arithmetic (float32
+potentials would barely help), so what a visit needs is gathered once, here, not
+per visit.
 """
 
 from __future__ import annotations

@@ -1,28 +1,26 @@
-"""Stage 5b-pre, dual prices: what a dual bound says per column, and the plan it points to.
+"""Stage 5c (bound), dual prices: what a dual bound says per column, and the plan it points to.
 
-Input: a reduced :class:`~autoplan.ilp.problem.Problem`, its emitted matrix and a
-:class:`~autoplan.ilp.dual.Dual`. Output: per column a price ``d_j >= 0`` such
+Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem`, its emitted matrix and a
+:class:`~autoplan.ilp.bound.dual.Dual`. Output: per column a price ``d_j >= 0`` such
 that every plan using column j costs at least the bound plus ``d_j``
 (:func:`column_reduced_costs`), and a plan decoded from the potentials
 (:func:`decode`).
 
-Why: the solve stage leaves out every column priced above the incumbent's gap
-(:mod:`autoplan.ilp.solve`), and the LP of :mod:`autoplan.ilp.relax` runs over
+Why: the MIP (5e) leaves out every column priced above the incumbent's gap
+(:mod:`autoplan.ilp.solver.solve`), and the LP of :mod:`autoplan.ilp.bound.relax` runs over
 the columns priced near zero. The prices are min-marginals of the dual's
-potentials, which rule out more than the LP's own reduced costs. With the
-planned plan's cost as cutoff, fixing keeps 15 178 of LLaMA3-70B's 159 869
-columns against 60 256 by the whole LP's reduced costs, and 10 883 of 8B
-native 2 layers' 75 172 against 25 987, although each dual bound sits slightly
-below the LP's (``python scripts/relax_vs_lp.py CONFIG``).
+potentials, which rule out more columns than the LP's own reduced costs although
+the dual bound sits slightly below the LP's (``python scripts/relax_vs_lp.py CONFIG``
+compares the two).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from autoplan.ilp.dual import Dual
-from autoplan.ilp.matrix import Emitted, _Flow
-from autoplan.ilp.problem import Problem
+from autoplan.ilp.bound.dual import Dual
+from autoplan.ilp.formulation.matrix import Emitted, Flow
+from autoplan.ilp.formulation.problem import Problem
 
 __all__ = ["column_reduced_costs", "decode"]
 
@@ -59,7 +57,7 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             side.append(np.where(np.isfinite(red), red - own, np.inf))
         u, v = side
         cols = em.edge_cols[k]
-        if isinstance(cols, _Flow):
+        if isinstance(cols, Flow):
             net = cols.net
             # the cheapest way into each state an arc leaves and out of each it enters,
             # then per arc by its ends' states: a network has far fewer states than
@@ -86,7 +84,7 @@ def decode(p: Problem, dual: Dual) -> dict[str, int]:
     """A plan read off the potentials: the classes in order, each taking its cheapest
     strategy given the classes decided before it (their rows of the shared edges) and
     the cheapest completion of the rest (the edges' row minima). It may exceed the
-    budget: :func:`~autoplan.ilp.incumbent.from_plan` repairs it."""
+    budget: :func:`~autoplan.ilp.bound.incumbent.from_plan` repairs it."""
     ends: dict[str, list[tuple[int, bool]]] = {r: [] for r in p.linear}
     for k, e in enumerate(p.edges):
         ends[e.src].append((k, True))

@@ -1,4 +1,4 @@
-"""Stage 5a-pre, reduce: shrink the ILP by merging *follower* nodes into their producer.
+"""Stage 5a (reductions), followers: merge *follower* nodes into their producer.
 
 Input: a :class:`~autoplan.strategies.table.StrategyTable` and its
 :class:`~autoplan.cost.price.CostTable`. Output: a smaller CostTable plus the
@@ -14,10 +14,10 @@ producer's output placement: no redistribution at its input. Its compute is
 added to the producer's strategy i, and its outgoing edges leave from the
 producer, re-indexed through j(i). Chains collapse into one root.
 
-What it gives up: a plan that redistributes *before* a follower rather than
-after it. For views and elementwise ops both move the same bytes, so the
-price of that restriction is small; the brute-force tests bound it on small
-graphs. It removes most nodes of a transformer graph and their edge matrices.
+Why: it removes most nodes of a transformer graph and their edge matrices. What it
+gives up: a plan that redistributes *before* a follower rather than after it. For
+views and elementwise ops both move the same bytes, so the price of that restriction
+is small; the brute-force tests bound it on small graphs.
 """
 
 from __future__ import annotations

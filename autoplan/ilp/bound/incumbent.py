@@ -1,15 +1,15 @@
-"""Stage 5b-pre, incumbent: a good feasible plan from the relaxation, in numpy.
+"""Stage 5c (bound), incumbent: a good feasible plan from the relaxation, in numpy.
 
-Input: a reduced :class:`~autoplan.ilp.problem.Problem` and either the LP
+Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem` and either the LP
 relaxation's values of each class's strategy variables (:func:`from_lp`) or a
 plan decoded from the dual bound, which may exceed the memory budget
 (:func:`from_plan`). Output: one strategy per class that meets every
 constraint, and its exact cost; or None.
 
 Why: the solver proves optimality faster the closer its first solution is to
-the optimum. The solve stage uses this plan twice: as the MIP's warm start,
+the optimum. The solve step uses this plan twice: as the MIP's warm start,
 and as the upper bound that lets it drop every variable whose LP reduced cost
-says it cannot be part of a cheaper plan (:mod:`autoplan.ilp.solve`).
+says it cannot be part of a cheaper plan (:mod:`autoplan.ilp.solver.solve`).
 
 How: the LP relaxation of this ILP is integral except around the memory row
 (the knapsack), where a class mixes a big and a small footprint. Each class
@@ -28,17 +28,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from autoplan.cost.price import EdgeCost
-from autoplan.ilp.problem import Edge, Problem
-
-_USED = 1e-6  # an LP value above this counts as "the LP uses this strategy"
-
-
-def _incident(p: Problem) -> dict[str, list[tuple[Edge, bool]]]:
-    out: dict[str, list[tuple[Edge, bool]]] = defaultdict(list)
-    for e in p.edges:
-        out[e.src].append((e, True))
-        out[e.dst].append((e, False))
-    return out
+from autoplan.ilp.formulation.problem import Edge, Problem
+from autoplan.ilp.tolerances import LP_USED, ROUNDING_RTOL
 
 
 def cost_of(p: Problem, choice: dict[str, int]) -> float:
@@ -85,7 +76,7 @@ def _improve(
     rounds: int,
     incident: dict[str, list[tuple[Edge, bool]]] | None = None,
 ) -> None:
-    incident = incident if incident is not None else _incident(p)
+    incident = incident if incident is not None else p.incident()
     budget = p.budget if p.budget is not None and p.memory else None
     used = memory_of(p, choice) if budget is not None else 0.0
     for _ in range(rounds):
@@ -98,7 +89,7 @@ def _improve(
                 room = budget - (used - p.memory[r][choice[r]])
                 cost = np.where(p.memory[r] <= room, cost, np.inf)
             best = int(np.argmin(cost))
-            if cost[best] < cost[choice[r]] - 1e-9 * max(1.0, abs(cost[best])):
+            if cost[best] < cost[choice[r]] - ROUNDING_RTOL * max(1.0, abs(cost[best])):
                 if budget is not None and r in p.memory:
                     used += p.memory[r][best] - p.memory[r][choice[r]]
                 choice[r] = best
@@ -118,7 +109,7 @@ def from_lp(
     for r, cost in p.linear.items():
         ok = np.isfinite(cost)
         v = np.where(ok, values.get(r, ok.astype(float)), -1.0)
-        used = v > _USED
+        used = v > LP_USED
         if r in p.memory and used.sum() > 1:
             mem = np.where(used, p.memory[r], np.inf)
             choice[r] = int(np.argmin(mem))
@@ -167,7 +158,7 @@ def _agree_group(
             b
             for b in blocks
             if any(
-                values[r][b * width[r] : (b + 1) * width[r]].sum() > _USED
+                values[r][b * width[r] : (b + 1) * width[r]].sum() > LP_USED
                 for r in members
                 if r in values
             )
@@ -197,7 +188,7 @@ def from_plan(
     _agree(p, choice)
     if not np.isfinite(cost_of(p, choice)):
         return None
-    incident = _incident(p)
+    incident = p.incident()
     if p.budget is not None and p.memory:
         used = memory_of(p, choice)
         while used > p.budget:

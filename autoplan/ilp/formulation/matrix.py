@@ -1,15 +1,14 @@
-"""Stage 5a-emit, matrix: the reduced ILP as arrays a solver reads directly.
+"""Stage 5b (formulation), matrix: the reduced ILP as arrays a solver reads directly.
 
-Input: a simplified, pruned :class:`~autoplan.ilp.problem.Problem`. Output: a
+Input: a simplified, pruned :class:`~autoplan.ilp.formulation.problem.Problem`. Output: a
 :class:`Matrix` (objective, column bounds and integrality, sparse rows in
 compressed-column form) and the column index of every class strategy and
 every edge move, so a solution vector can be read back per class.
 
-Why arrays and not a modelling layer: building one Python object per
-variable and writing them out again was most of the ILP's time on LLaMA3-8B
-(PuLP: 47k variables, ~0.8 s to make and ~0.7 s per solver call to write). Here
-every class and edge is a few numpy operations, and the same arrays go to
-HiGHS in memory or to CBC as an MPS file (:mod:`autoplan.ilp.backends`).
+Why arrays and not a modelling layer: one Python object per variable is slow to
+make and to write out again on every solver call. Here every class and edge is a
+few numpy operations, and the same arrays go to HiGHS in memory or to CBC as an
+MPS file (:mod:`autoplan.ilp.solver.backends`).
 
 Columns: first the binary strategy columns of every class with two or more
 allowed strategies, then the continuous edge columns: one per finite
@@ -19,7 +18,7 @@ edge's states can use (a flow). Rows, in order: one "one strategy" row per
 class with columns, then per edge its row sums and all but the last column
 sum (pairs) or one conservation row per state it touches but one (flow),
 and the memory row when the budget can bind. The math is in
-:mod:`autoplan.ilp.build`'s docstring.
+:mod:`autoplan.ilp.formulation.build`'s docstring.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cost.routes import Routes
-from autoplan.ilp.problem import Edge, Problem
+from autoplan.ilp.formulation.problem import Edge, Problem
+from autoplan.ilp.tolerances import ROUNDING_RTOL
 
 # The memory row is written in MiB: byte-sized coefficients (1e9) sit badly
 # with the simplex's absolute tolerances.
@@ -42,8 +42,8 @@ class Matrix:
 
     ``A`` is compressed by column: column j's entries are
     ``index[start[j]:start[j+1]]`` (rows) and ``value[...]``. ``integer[j]``
-    marks binary columns; ``columns`` keeps a subset (the solve stage leaves out
-    the columns reduced-cost fixing sets to 0).
+    marks binary columns; ``columns`` keeps a subset (the MIP leaves out the columns
+    reduced-cost fixing sets to 0).
     """
 
     cost: np.ndarray
@@ -89,27 +89,27 @@ class Emitted:
     ``class_cols[r][i]`` is the column of class r's strategy i (-1: no column,
     the strategy cannot be chosen or is the class's only one);
     ``edge_cols[k][g, h]`` the column of edge k's move g -> h (-1: impossible), or, for
-    an edge laid out as a flow, the :class:`_Flow` that finds a move's route columns
+    an edge laid out as a flow, the :class:`Flow` that finds a move's route columns
     (:meth:`move_columns` answers both).
     ``infeasible`` names a constraint group that no plan can meet.
     """
 
     matrix: Matrix
     class_cols: dict[str, np.ndarray]
-    edge_cols: list[np.ndarray | _Flow]
+    edge_cols: list[np.ndarray | Flow]
     infeasible: str = ""
     fixed: dict[str, int] = field(default_factory=dict)
 
     def move_columns(self, k: int, g: int, h: int) -> np.ndarray:
         """The columns that carry edge k's move g -> h (one pair column, or a route's arcs)."""
         cols = self.edge_cols[k]
-        if isinstance(cols, _Flow):
+        if isinstance(cols, Flow):
             return cols.route_columns(g, h)
         return np.array([cols[g, h]])
 
 
 @dataclass(frozen=True)
-class _Flow:
+class Flow:
     """Where a flow edge lives: its arcs' columns, and how to route one move over them."""
 
     first_col: int
@@ -126,7 +126,7 @@ class _Flow:
         """
         net, a, b = self.net, int(self.row_state[g]), int(self.col_state[h])
         to_b = net.distances(None, np.array([b]))[:, 0]
-        tol = 1e-9 * max(1.0, float(to_b[a]))
+        tol = ROUNDING_RTOL * max(1.0, float(to_b[a]))
         reached_by = {a: -1}  # state -> the arc it was reached by
         stack = [a]
         while stack and b not in reached_by:
@@ -205,16 +205,15 @@ def emit(p: Problem) -> Emitted:
             rows.add(np.full(len(idx), row), cols[idx], 1.0)
         class_cols[r] = cols
     num_int = num_cols
-    edge_cols: list[np.ndarray | _Flow] = []
+    edge_cols: list[np.ndarray | Flow] = []
     networks: dict[tuple[int, bytes, bytes], Routes] = {}
     for e in p.edges:
         finite = np.isfinite(e.cost)
-        # A flow when the network's moves are fewer than the pairs (measured on LLaMA3-70B:
-        # deciding on the moves left after _flow_network's pruning turns more small edges
-        # into flows, adds rows, and the LP took longer)
+        # A flow when the whole network's moves are fewer than the pairs: counting only the
+        # moves _flow_network keeps would make flows of small edges, whose rows slow the LP
         if e.net is not None and len(e.net.arc_src) < finite.sum():
             net = _flow_network(e, networks)
-            flow = _Flow(num_cols, net, e.row_state, e.col_state, e.net_scale)
+            flow = Flow(num_cols, net, e.row_state, e.col_state, e.net_scale)
             costs.append(net.arc_cost * e.net_scale)
             num_cols += len(net.arc_cost)
             _flow_rows(e, flow, class_cols, fixed, rows)
@@ -277,7 +276,7 @@ def _flow_network(e: Edge, memo: dict[tuple[int, bytes, bytes], Routes]) -> Rout
 
 
 def _flow_rows(
-    e: Edge, flow: _Flow, class_cols: dict[str, np.ndarray], fixed: dict[str, int], rows: _Rows
+    e: Edge, flow: Flow, class_cols: dict[str, np.ndarray], fixed: dict[str, int], rows: _Rows
 ) -> None:
     """One unit of flow from the producer's state to the consumer's, over the arcs.
 
