@@ -23,6 +23,7 @@ from autoplan.plan import Plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
 from tests.helpers.gloo import run_workers
+from tests.helpers.isolated import run_isolated
 
 pytest.importorskip("transformers")
 
@@ -321,3 +322,41 @@ def test_a_users_own_hf_model_is_prepared_to_plan_like_build_hfs():
     plan = autoplan.plan(hf.prepare(model), batch, mesh, input_placements="S(0)R")
     assert plan.status == "optimal"
     assert not any("attention" in op for op in plan.fallback_ops), plan.fallback_ops
+
+
+def test_autoplan_sdpa_is_registered_by_building_or_preparing_only():
+    """In a fresh interpreter: importing, validating a config and building an eager model
+    leave transformers' registries alone; build_hf and prepare register autoplan_sdpa."""
+    seen = run_isolated("""
+        import json
+        import torch
+        from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+        from transformers.masking_utils import AttentionMaskInterface
+        from autoplan.models import hf
+
+        def registered():
+            return [hf.SDPA in AttentionInterface(), hf.SDPA in AttentionMaskInterface()]
+
+        seen = {"import": registered()}
+        hf.config_keys("gpt2"), hf.make_config("gpt2", {"n_layer": 1})
+        seen["config"] = registered()
+        hf.build_hf("gpt2", {"n_layer": 1, "attn_implementation": "eager"})
+        seen["eager"] = registered()
+        hf.build_hf("gpt2", {"n_layer": 1})
+        seen["build_hf"] = registered()
+        AttentionInterface._global_mapping.pop(hf.SDPA)
+        AttentionMaskInterface._global_mapping.pop(hf.SDPA)
+        config = LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                             intermediate_size=64, vocab_size=64)
+        with torch.device("meta"):
+            hf.prepare(LlamaForCausalLM(config))
+        seen["prepare"] = registered()
+        print(json.dumps(seen))
+    """)
+    assert seen == {
+        "import": [False, False],
+        "config": [False, False],
+        "eager": [False, False],
+        "build_hf": [True, True],
+        "prepare": [True, True],
+    }

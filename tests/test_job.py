@@ -38,7 +38,7 @@ def _in_job(rank: int) -> dict:
     out: dict = {}
     try:
         autoplan.fake_mesh((2, 2), ("dp", "tp"))
-    except RuntimeError as e:
+    except autoplan.PlanError as e:
         out["fake_mesh_error"] = str(e)
     with CommDebugMode() as comm:
         own = _plan(mesh)

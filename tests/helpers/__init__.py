@@ -8,4 +8,5 @@
 - ``execution``: a tensor placed as a DTensor with any placements, Partial included.
 - ``gloo``: running a function on several gloo processes (``mp.spawn``).
 - ``bad_input``: the CLI run in process, and checks that an error is clear.
+- ``isolated``: a snippet run in a fresh interpreter, its printed JSON returned.
 """
