@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoplan
 from autoplan.apply import full_gradients, parallelize, shard_inputs
-from autoplan.cli import main
+from autoplan.cli import main, run_plan
 from autoplan.models import hf
 from autoplan.placements import fmt
 from autoplan.plan import Plan
@@ -33,16 +33,6 @@ LLAMA = CONFIGS / "hf_llama_tiny.yaml"
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 
 
-def _plan(run: Run) -> Plan:
-    return autoplan.plan(
-        run.build_model(),
-        run.input_fn(),
-        autoplan.fake_mesh(run.mesh_shape, run.axis_names),
-        config=run.config,
-        input_placements=list(run.input_placements),
-    )
-
-
 def _assert_planned(run: Run, plan: Plan) -> None:
     names = {n for n, _ in run.build_model().named_parameters()}
     assert plan.status == "optimal"
@@ -57,7 +47,7 @@ def test_tiny_config_plans_on_2x2(path):
     """The shipped gpt2 / llama tiny configs plan to optimal on (dp=2, tp=2), every parameter placed."""
     run = load_run(path)
     assert run.mesh_shape == (2, 2)
-    _assert_planned(run, _plan(run))
+    _assert_planned(run, run_plan(run, quiet=True))
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "mistral"])
@@ -67,7 +57,7 @@ def test_qwen2_and_mistral_plan(kind):
     assert run.hf_kind == kind
     model = run.build_model()
     assert type(model).__mro__[1].__name__ == f"{kind.capitalize()}ForCausalLM"
-    _assert_planned(run, _plan(run))
+    _assert_planned(run, run_plan(run, quiet=True))
 
 
 def test_model_is_on_meta_with_hf_parameter_names():
@@ -274,7 +264,7 @@ def _case(name: str, path: Path, overrides: list[str]) -> dict:
         "batch": run.batch,
         "seq": run.seq,
         "input": fmt(run.input_placements[0]),
-        "plan": _plan(run).to_json(),
+        "plan": run_plan(run, quiet=True).to_json(),
     }
 
 
