@@ -24,10 +24,11 @@ Choices made for the trace, not by the user:
   hub defaults (e.g. GPT-2's 50256) are out of range for a tiny test vocabulary.
 
 The SDPA used is ``transformers``' own, registered under the name ``autoplan_sdpa``
-(by :func:`build_hf` and :func:`prepare`, never at import) with one change to its mask. In eager training on unpadded, unpacked batches (what
-autoplan plans: token ids, no attention mask) ``transformers`` reads the position ids,
-sees no packed sequences and calls SDPA with ``is_causal=True`` and no mask, which is
-what runs flash attention on a GPU. On fake tensors it cannot read them, so it would
+(by :func:`build_hf` and :func:`prepare`, never at import) with one change to its
+mask. In eager training on unpadded, unpacked batches (what autoplan plans: token ids,
+no attention mask) ``transformers`` reads the position ids, sees no packed sequences
+and calls SDPA with ``is_causal=True`` and no mask, which is what runs flash attention
+on a GPU. On fake tensors it cannot read them, so it would
 build an explicit (batch, 1, seq, seq) mask and pass it to SDPA: a graph that training
 does not run, and one whose attention DTensor has no sharding rule for (it would be
 planned replicated). The ``autoplan_sdpa`` mask function returns no mask exactly when
