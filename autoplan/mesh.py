@@ -19,9 +19,13 @@ from autoplan.strategies.dtensor import init_fake_process_group
 def fake_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
     """A ``DeviceMesh`` of ``shape`` named ``names`` on a fake process group.
 
-    The fake group is (re)created with exactly ``prod(shape)`` ranks, so
-    calling this again with another shape works (earlier fake meshes then
-    become stale: plan with the latest one).
+    The default process group becomes a fake one of exactly ``prod(shape)`` ranks, so
+    calling this again with another shape works (earlier fake meshes then become stale:
+    plan with the latest one). It only ever destroys a fake group it created itself: a
+    fake group of ``prod(shape)`` ranks, whoever made it, is used as it is; a job's
+    group (gloo, nccl) or a fake group of another size made with ``torch.distributed``
+    is left alone and raises :class:`PlanError` (inside a job, plan on the job's own
+    mesh instead).
     """
     shape = tuple(shape)
     names = tuple(names)

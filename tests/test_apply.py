@@ -27,7 +27,7 @@ from autoplan.placements import fmt, parse
 from autoplan.plan import Plan
 from autoplan.runfile import load_topology
 from tests.helpers.gloo import run_workers
-from tests.helpers.planning import SLOW_DEVICES
+from tests.helpers.planning import SLOW_DEVICES, plan_model
 
 WORLD = 4
 RTOL, ATOL = 1e-4, 1e-5
@@ -54,37 +54,6 @@ MODELS = {
 
 
 TWO_PER_NODE = dataclasses.replace(load_topology("h100"), gpus_per_node=2)
-
-
-def _plan(
-    kind: str,
-    shape,
-    names,
-    input_placement: str,
-    *,
-    budget_gib=None,
-    mm_mode: str = "einsum",
-    pins=None,
-    loss_fn=None,
-    output_placement: str | None = None,
-    **config,
-) -> Plan:
-    build, input_fn = MODELS[kind]
-    with torch.device("meta"):
-        model = build()
-    return autoplan.plan(
-        model,
-        input_fn,
-        autoplan.fake_mesh(shape, names),
-        config=autoplan.PlanConfig(memory_budget_gib=budget_gib, mm_mode=mm_mode, **config),
-        input_placements=[input_placement],
-        # a loss inside the graph is replicated: nothing unpriced to read it
-        output_placements=(
-            ["R" * len(shape)] if loss_fn is not None else output_placement and [output_placement]
-        ),
-        pins=pins,
-        loss_fn=loss_fn,
-    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, loose: bool = False) -> tuple[bool, float]:
@@ -355,40 +324,57 @@ def _spawn_cases(
 @pytest.fixture(scope="module")
 def mlp_plans() -> dict[str, tuple[str, Plan]]:
     tight = 4 * 4 * MLP_NUMEL / WORLD / 2**30 * 1.01  # params+grads+2 Adam states, sharded 4 ways
-    ddp = _plan("mlp", (WORLD,), ("dp",), "S(0)", topology=SLOW_DEVICES)
+    ddp = plan_model(
+        *MODELS["mlp"],
+        autoplan.fake_mesh((WORLD,), ("dp",)),
+        input_placements=["S(0)"],
+        topology=SLOW_DEVICES,
+    )
+    fsdp = plan_model(
+        *MODELS["mlp"],
+        autoplan.fake_mesh((WORLD,), ("dp",)),
+        input_placements=["S(0)"],
+        memory_budget_gib=tight,
+    )
     return {
-        "fsdp": ("mlp", _plan("mlp", (WORLD,), ("dp",), "S(0)", budget_gib=tight)),
+        "fsdp": ("mlp", fsdp),
         "ddp": ("mlp", ddp),
         "ddp_unbucketed": ("mlp", ddp),
         # tp spans two nodes, cp stays inside one: S(0)R moves detour through S(0)S(0)
         "routes": (
             "mlp",
-            _plan(
-                "mlp",
-                (2, 2),
-                ("tp", "cp"),
-                "S(0)R",
-                output_placement="RR",
+            plan_model(
+                *MODELS["mlp"],
+                autoplan.fake_mesh((2, 2), ("tp", "cp")),
+                input_placements=["S(0)R"],
+                output_placements=["RR"],
                 topology=TWO_PER_NODE,
                 solver="highs",
             ),
         ),
         "bf16": (
             "mlp",
-            _plan(
-                "mlp",
-                (WORLD,),
-                ("dp",),
-                "S(0)",
+            plan_model(
+                *MODELS["mlp"],
+                autoplan.fake_mesh((WORLD,), ("dp",)),
+                input_placements=["S(0)"],
                 param_dtype="bfloat16",
                 reduce_dtype="float32",
                 topology=SLOW_DEVICES,
             ),
         ),
-        # a loss other than the default, given to plan and to parallelize
+        # a loss other than the default, given to plan and to parallelize; a loss inside
+        # the graph is replicated: nothing unpriced to read it
         "square": (
             "mlp",
-            _plan("mlp", (WORLD,), ("dp",), "S(0)", loss_fn=square_loss, topology=SLOW_DEVICES),
+            plan_model(
+                *MODELS["mlp"],
+                autoplan.fake_mesh((WORLD,), ("dp",)),
+                input_placements=["S(0)"],
+                output_placements=["R"],
+                loss_fn=square_loss,
+                topology=SLOW_DEVICES,
+            ),
         ),
     }
 
@@ -519,10 +505,15 @@ LLAMA_PINS = {
 
 def _pinned_llama(mm_mode: str, **config) -> Plan:
     """The tiny LLaMA on (dp=2, tp=2), its weights pinned to LLAMA_PINS."""
-    return _plan(
-        "llama", (2, 2), ("dp", "tp"), "S(0)R", mm_mode=mm_mode, pins=LLAMA_PINS, solver="highs",
+    return plan_model(
+        *MODELS["llama"],
+        autoplan.fake_mesh((2, 2), ("dp", "tp")),
+        input_placements=["S(0)R"],
+        pins=LLAMA_PINS,
+        mm_mode=mm_mode,
+        solver="highs",
         **config,
-    )  # fmt: skip
+    )
 
 
 def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
@@ -559,8 +550,12 @@ def test_activation_checkpointing_recomputes_as_planned_and_matches_one_device(t
 def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp_path):
     """A view makes S(0)_S(0,1); the pinned mm reads it as S(0)S(0), a free relabel: the run
     matches one device and runs exactly the collectives priced (none for the relabel)."""
-    plan = _plan(
-        "mlp_b2", (2, 2), ("dp", "cp"), "S(0)S(1)", mm_mode="native", pins={"mm": "S(0)S(0)"}
+    plan = plan_model(
+        *MODELS["mlp_b2"],
+        autoplan.fake_mesh((2, 2), ("dp", "cp")),
+        input_placements=["S(0)S(1)"],
+        pins={"mm": "S(0)S(0)"},
+        mm_mode="native",
     )
     assert plan.node_placements["view"]["out"] == ["S(0)_S(0,1)"]
     assert plan.node_placements["mm"]["in"][0] == "S(0)S(0)"
@@ -571,20 +566,24 @@ def test_native_plan_relabels_split_factor_one_as_shard_without_a_collective(tmp
 def test_native_plans_on_strided_shards_match_one_device(tmp_path):
     """Native plans on strided shards match one device with the priced collectives, no deviation."""
     # pinned to S(0)_S(0,2): strided mms forward and backward, a route out of a strided layout
-    pinned = _plan(
-        "mlp_b4",
-        (2, 2),
-        ("dp", "cp"),
-        "S(0)S(1)",
-        mm_mode="native",
+    pinned = plan_model(
+        *MODELS["mlp_b4"],
+        autoplan.fake_mesh((2, 2), ("dp", "cp")),
+        input_placements=["S(0)S(1)"],
+        output_placements=["RR"],
         pins={"mm": "S(0)_S(0,2)"},
-        output_placement="RR",
+        mm_mode="native",
     )
     assert pinned.node_placements["view"]["out"] == ["S(0)_S(0,2)"]
     assert pinned.node_placements["mm"]["in"][0] == "S(0)_S(0,2)"
     assert pinned.routes
     # the sequence on dp and the batch on cp: the plan itself picks _S(0,4)S(0) for its mms
-    chosen = _plan("mlp_b4", (2, 2), ("dp", "cp"), "S(1)S(0)", mm_mode="native")
+    chosen = plan_model(
+        *MODELS["mlp_b4"],
+        autoplan.fake_mesh((2, 2), ("dp", "cp")),
+        input_placements=["S(1)S(0)"],
+        mm_mode="native",
+    )
     assert chosen.node_placements["mm"]["in"][0] == "_S(0,4)S(0)"
     plans = {"pinned": ("mlp_b4", pinned), "chosen": ("mlp_b4", chosen)}
     results = _spawn_cases(tmp_path, plans)
@@ -602,12 +601,11 @@ def llama_plans() -> dict[str, tuple[str, Plan]]:
     return {
         mode: (
             "llama",
-            _plan(
-                "llama",
-                (2, 2),
-                ("dp", "tp"),
-                "S(0)R",
-                budget_gib=LLAMA_TIGHT_GIB,
+            plan_model(
+                *MODELS["llama"],
+                autoplan.fake_mesh((2, 2), ("dp", "tp")),
+                input_placements=["S(0)R"],
+                memory_budget_gib=LLAMA_TIGHT_GIB,
                 mm_mode=mode,
                 **(NATIVE_BUDGET_OPTIONS if mode == "native" else {}),
             ),

@@ -30,11 +30,19 @@ def einsum_flops(equation: str, *shapes: tuple[int, ...], path: list[int] | None
     return op_flops(aten.einsum.default, (equation, tensors), kwargs, out)
 
 
-def test_einsum_formula_registered_once() -> None:
-    """Importing the module again keeps the first einsum formula and raises nothing."""
-    registered = flop_counter.flop_registry[aten.einsum]
+def test_torchs_registry_is_left_alone() -> None:
+    """Importing the module again and pricing an einsum add nothing to torch's registry."""
+    registry = dict(flop_counter.flop_registry)
     importlib.reload(flops)
-    assert flop_counter.flop_registry[aten.einsum] is registered
+    assert einsum_flops("ik,kn->in", (32, 64), (64, 100)) == 2 * 32 * 64 * 100
+    assert flop_counter.flop_registry == registry
+
+
+def test_an_einsum_formula_registered_with_torch_wins(monkeypatch) -> None:
+    """A formula someone registers for einsum in torch's registry is used over autoplan's."""
+    formula = flop_counter.shape_wrapper(lambda *args, **kwargs: 7)
+    monkeypatch.setitem(flop_counter.flop_registry, aten.einsum, formula)
+    assert einsum_flops("ik,kn->in", (32, 64), (64, 100)) == 7
 
 
 @pytest.mark.parametrize("batch", [(2, 16), (2, 3, 5)])

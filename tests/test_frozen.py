@@ -27,6 +27,7 @@ from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace import trace_joint
 from tests.helpers.gloo import run_workers
+from tests.helpers.planning import plan_model
 
 WORLD, MESH, AXES = 4, (2, 2), ("dp", "tp")
 STEPS, LR, VOCAB = 3, 1e-2, 32
@@ -84,20 +85,6 @@ PINS = {
 }
 
 
-def _plan(kind: str, mm_mode: str) -> Plan:
-    build, batch = MODELS[kind]
-    with torch.device("meta"):
-        model = build()
-    return autoplan.plan(
-        model,
-        batch,
-        autoplan.fake_mesh(MESH, AXES),
-        config=autoplan.PlanConfig(mm_mode=mm_mode),
-        input_placements="S(0)R",
-        pins=PINS[kind],
-    )
-
-
 @pytest.mark.parametrize("mm_mode", ["einsum", "native"])
 def test_frozen_weight_is_planned_in_both_mm_modes(mm_mode):
     """The issue's model plans in either mm mode and its frozen weight gets a placement."""
@@ -151,7 +138,13 @@ def test_frozen_parameters_have_no_gradient_and_no_gradient_move():
     assert {e.dst for e in costs.edges if e.slot == GRAD_SLOT} == {
         node[f] for f in ("inp.bias", "out.weight", "out.bias")
     }
-    plan = _plan("adapted", "einsum")
+    plan = plan_model(
+        *MODELS["adapted"],
+        autoplan.fake_mesh(MESH, AXES),
+        input_placements="S(0)R",
+        pins=PINS["adapted"],
+        mm_mode="einsum",
+    )
     assert set(plan.param_placements) == set(traced.param_fqns)
     assert fmt(plan.param_placements["inp.weight"]) == "S(0)S(1)"
 
@@ -279,7 +272,16 @@ def runs(tmp_path_factory) -> dict[str, tuple[Plan, dict]]:
         {"name": "native", "kind": "adapted", "mm_mode": "native", "ckpt": None},
         {"name": "tied", "kind": "tied", "mm_mode": "einsum", "ckpt": None},
     ]
-    plans = {c["name"]: _plan(c["kind"], c["mm_mode"]) for c in cases}
+    plans = {
+        c["name"]: plan_model(
+            *MODELS[c["kind"]],
+            autoplan.fake_mesh(MESH, AXES),
+            input_placements="S(0)R",
+            pins=PINS[c["kind"]],
+            mm_mode=c["mm_mode"],
+        )
+        for c in cases
+    }
     for case in cases:
         case["plan"] = plans[case["name"]].to_json()
     results = run_workers(_cases, WORLD, str(Path(tmp)), cases)[0]

@@ -16,13 +16,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoplan
 from autoplan.apply import full_gradients, parallelize, shard_inputs
-from autoplan.cli import main
+from autoplan.cli import main, run_plan
 from autoplan.models import hf
 from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
 from tests.helpers.gloo import run_workers
+from tests.helpers.isolated import run_isolated
 
 pytest.importorskip("transformers")
 
@@ -30,16 +31,6 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GPT2 = CONFIGS / "hf_gpt2_tiny.yaml"
 LLAMA = CONFIGS / "hf_llama_tiny.yaml"
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
-
-
-def _plan(run: Run) -> Plan:
-    return autoplan.plan(
-        run.build_model(),
-        run.input_fn(),
-        autoplan.fake_mesh(run.mesh_shape, run.axis_names),
-        config=run.config,
-        input_placements=list(run.input_placements),
-    )
 
 
 def _assert_planned(run: Run, plan: Plan) -> None:
@@ -56,7 +47,7 @@ def test_tiny_config_plans_on_2x2(path):
     """The shipped gpt2 / llama tiny configs plan to optimal on (dp=2, tp=2), every parameter placed."""
     run = load_run(path)
     assert run.mesh_shape == (2, 2)
-    _assert_planned(run, _plan(run))
+    _assert_planned(run, run_plan(run, quiet=True))
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "mistral"])
@@ -66,7 +57,7 @@ def test_qwen2_and_mistral_plan(kind):
     assert run.hf_kind == kind
     model = run.build_model()
     assert type(model).__mro__[1].__name__ == f"{kind.capitalize()}ForCausalLM"
-    _assert_planned(run, _plan(run))
+    _assert_planned(run, run_plan(run, quiet=True))
 
 
 def test_model_is_on_meta_with_hf_parameter_names():
@@ -273,7 +264,7 @@ def _case(name: str, path: Path, overrides: list[str]) -> dict:
         "batch": run.batch,
         "seq": run.seq,
         "input": fmt(run.input_placements[0]),
-        "plan": _plan(run).to_json(),
+        "plan": run_plan(run, quiet=True).to_json(),
     }
 
 
@@ -321,3 +312,41 @@ def test_a_users_own_hf_model_is_prepared_to_plan_like_build_hfs():
     plan = autoplan.plan(hf.prepare(model), batch, mesh, input_placements="S(0)R")
     assert plan.status == "optimal"
     assert not any("attention" in op for op in plan.fallback_ops), plan.fallback_ops
+
+
+def test_autoplan_sdpa_is_registered_by_building_or_preparing_only():
+    """In a fresh interpreter: importing, validating a config and building an eager model
+    leave transformers' registries alone; build_hf and prepare register autoplan_sdpa."""
+    seen = run_isolated("""
+        import json
+        import torch
+        from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+        from transformers.masking_utils import AttentionMaskInterface
+        from autoplan.models import hf
+
+        def registered():
+            return [hf.SDPA in AttentionInterface(), hf.SDPA in AttentionMaskInterface()]
+
+        seen = {"import": registered()}
+        hf.config_keys("gpt2"), hf.make_config("gpt2", {"n_layer": 1})
+        seen["config"] = registered()
+        hf.build_hf("gpt2", {"n_layer": 1, "attn_implementation": "eager"})
+        seen["eager"] = registered()
+        hf.build_hf("gpt2", {"n_layer": 1})
+        seen["build_hf"] = registered()
+        AttentionInterface._global_mapping.pop(hf.SDPA)
+        AttentionMaskInterface._global_mapping.pop(hf.SDPA)
+        config = LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                             intermediate_size=64, vocab_size=64)
+        with torch.device("meta"):
+            hf.prepare(LlamaForCausalLM(config))
+        seen["prepare"] = registered()
+        print(json.dumps(seen))
+    """)
+    assert seen == {
+        "import": [False, False],
+        "config": [False, False],
+        "eager": [False, False],
+        "build_hf": [True, True],
+        "prepare": [True, True],
+    }

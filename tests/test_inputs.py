@@ -12,6 +12,7 @@ from autoplan.apply import input_placements
 from autoplan.inputs import call_form, flatten_inputs, match_call
 from autoplan.plan import Plan
 from autoplan.trace import trace_joint
+from tests.helpers.planning import plan_model
 
 VOCAB, DIM, BATCH, SEQ = 64, 32, 8, 16
 
@@ -33,12 +34,6 @@ class TinyLM(nn.Module):
 def _batch() -> dict[str, torch.Tensor]:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     return {"input_ids": ids, "labels": ids.roll(-1, 1)}
-
-
-def _plan(**kwargs) -> Plan:
-    with torch.device("meta"):
-        model = TinyLM()
-    return autoplan.plan(model, _batch, autoplan.fake_mesh((2, 2), ("dp", "tp")), **kwargs)
 
 
 def test_the_three_forms_flatten_with_their_keys():
@@ -78,7 +73,9 @@ def test_a_call_is_matched_by_keyword_whatever_its_order():
 def test_a_dict_input_plans_with_its_keys_and_the_loss_replicated():
     """The plan records the keys; the scalar loss output is replicated (every rank reads
     the whole loss); the labels go where the one placement given for all inputs says."""
-    plan = _plan(input_placements="S(0)R")
+    plan = plan_model(
+        TinyLM, _batch, autoplan.fake_mesh((2, 2), ("dp", "tp")), input_placements="S(0)R"
+    )
     assert plan.status == "optimal"
     assert plan.input_keys == ("input_ids", "labels")
     assert plan.input_shapes == ((BATCH, SEQ), (BATCH, SEQ))
@@ -90,10 +87,11 @@ def test_a_dict_input_plans_with_its_keys_and_the_loss_replicated():
 
 
 def test_input_placements_by_key_fix_only_the_keys_given():
-    plan = _plan(input_placements={"labels": "S(0)R"})
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    plan = plan_model(TinyLM, _batch, mesh, input_placements={"labels": "S(0)R"})
     assert autoplan.placements.fmt(input_placements(plan)[1]) == "S(0)R"
     with pytest.raises(ValueError, match=r"names input 'mask', which input_fn does not return"):
-        _plan(input_placements={"mask": "S(0)R"})
+        plan_model(TinyLM, _batch, mesh, input_placements={"mask": "S(0)R"})
 
 
 class WeightedLM(TinyLM):

@@ -16,21 +16,20 @@ from torch.distributed.tensor.debug import CommDebugMode
 import autoplan
 from autoplan.models.mlp import TinyMLP
 from tests.helpers.gloo import run_workers
+from tests.helpers.planning import plan_model
 
 WORLD = 4
 
 
-def _plan(mesh, **kwargs) -> autoplan.Plan:
-    with torch.device("meta"):
-        model = TinyMLP(dim=32, hidden=64, n_layers=2)
-    return autoplan.plan(
-        model,
-        lambda: torch.randn(8, 16, 32),
-        mesh,
-        input_placements=["S(0)R"],
-        config=autoplan.PlanConfig(memory_budget_gib=4 * 4 * 8320 / 4 / 2**30),
-        **kwargs,
-    )
+BUDGET_GIB = 4 * 4 * 8320 / 4 / 2**30
+
+
+def _mlp() -> TinyMLP:
+    return TinyMLP(dim=32, hidden=64, n_layers=2)
+
+
+def _batch() -> torch.Tensor:
+    return torch.randn(8, 16, 32)
 
 
 def _in_job(rank: int) -> dict:
@@ -38,13 +37,14 @@ def _in_job(rank: int) -> dict:
     out: dict = {}
     try:
         autoplan.fake_mesh((2, 2), ("dp", "tp"))
-    except RuntimeError as e:
+    except autoplan.PlanError as e:
         out["fake_mesh_error"] = str(e)
+    options = {"input_placements": ["S(0)R"], "memory_budget_gib": BUDGET_GIB}
     with CommDebugMode() as comm:
-        own = _plan(mesh)
+        own = plan_model(_mlp, _batch, mesh, **options)
     out["collectives_while_planning"] = comm.get_total_counts()
     out["own"] = own.to_json()
-    shared = _plan(mesh, broadcast_from=0)
+    shared = plan_model(_mlp, _batch, mesh, broadcast_from=0, **options)
     out["shared"] = shared.to_json()
     out["shared_has_timings"] = bool(shared.timings)
 
@@ -52,14 +52,11 @@ def _in_job(rank: int) -> dict:
         raise ValueError("no batch on this rank")
 
     try:
-        with torch.device("meta"):
-            model = TinyMLP(dim=32, hidden=64, n_layers=2)
-        autoplan.plan(model, fails if rank == 1 else (lambda: torch.randn(8, 16, 32)), mesh,
-                      broadcast_from=1)  # fmt: skip
+        plan_model(_mlp, fails if rank == 1 else _batch, mesh, broadcast_from=1)
     except Exception as e:
         out["failed"] = f"{type(e).__name__}: {e}"
     try:
-        _plan(mesh["dp"], broadcast_from=0)
+        plan_model(_mlp, _batch, mesh["dp"], broadcast_from=0, **options)
     except ValueError as e:
         out["sub_mesh"] = str(e)
     total = torch.ones(1)
@@ -108,8 +105,6 @@ def test_broadcast_from_needs_a_mesh_of_the_whole_job(job):
 
 
 def test_broadcast_from_on_a_planning_mesh_plans_here(mesh8):
-    with torch.device("meta"):
-        model = TinyMLP(dim=32, hidden=64, n_layers=2)
     # a planning mesh: this process is the only one, it plans
-    plan = autoplan.plan(model, lambda: torch.randn(8, 16, 32), mesh8, broadcast_from=0)
+    plan = plan_model(_mlp, _batch, mesh8, broadcast_from=0)
     assert plan.status == "optimal"

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import autoplan
+from tests.helpers.planning import plan_model
 
 
 class _RowParallelScaled(nn.Module):
@@ -20,29 +21,23 @@ class _RowParallelScaled(nn.Module):
         return self.proj(x) * self.scale
 
 
-def _plan(**config):
-    mesh = autoplan.fake_mesh((8,), ("tp",))
-    with torch.device("meta"):
-        model = _RowParallelScaled()
-    return autoplan.plan(
-        model,
-        lambda: torch.randn(16, 512, 256),
-        mesh,
-        config=autoplan.PlanConfig(**config),
-        input_placements=["S(2)"],
-    )
+def _batch() -> torch.Tensor:
+    return torch.randn(16, 512, 256)
 
 
 def test_partial_flows_through_mul_by_a_replicated_tensor():
     """The projection's partial sum is scaled while still partial; the exact ILP never
     all-reduces the activation (the follower merge may, for the scale's gradient)."""
-    plan = _plan(collapse_followers=False)
+    tp = autoplan.fake_mesh((8,), ("tp",))
+    plan = plan_model(
+        _RowParallelScaled, _batch, tp, input_placements=["S(2)"], collapse_followers=False
+    )
     muls = [v for v in plan.node_placements.values() if v["op"] == "aten.mul.Tensor"]
     forward_mul = next(v for v in muls if "P" in v["in"] and "R" in v["in"])
     assert forward_mul["out"] == ["P"]
     activation_bytes = 16 * 512 * 64 * 4
     assert plan.comm.get("all_reduce", {}).get("bytes", 0) < activation_bytes
-    merged = _plan()
+    merged = plan_model(_RowParallelScaled, _batch, tp, input_placements=["S(2)"])
     assert next(
         v["out"] for v in merged.node_placements.values() if v["op"] == "aten.mul.Tensor"
     ) == ["P"]

@@ -5,8 +5,8 @@ Output: estimated kernel time in microseconds on the topology's device.
 
     t = max(FLOPs / (peak · eff_flops), bytes / (HBM · eff_mem)) + floor
 
-FLOPs come from ``torch.utils.flop_counter``'s registry (einsum registered by
-:mod:`autoplan.cost.flops`), evaluated on meta tensors of the *local* shapes,
+FLOPs come from ``torch.utils.flop_counter``'s registry (einsum's formula added by
+:func:`autoplan.cost.flops.op_flops`), evaluated on meta tensors of the *local* shapes,
 so a strategy that shards a contracted dim pays for its share only. Bytes are
 the local inputs read plus local outputs written. View and alias ops cost
 nothing (no kernel runs).
@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import fx
 
-import autoplan.cost.flops  # noqa: F401  (registers the einsum FLOP formula)
 from autoplan.cost.flops import op_flops
 from autoplan.cost.topology import Device
 from autoplan.graph import map_args, static_args

@@ -3,20 +3,23 @@
 autoplan prices compute with torch's own formulas (``mm``, ``bmm``, ``addmm``,
 attention, convolution ...) instead of a parallel counter. torch has no
 formula for ``aten.einsum``, which the ``mm_mode="einsum"`` rewrite produces
-for every Linear, so importing this module registers one (once, and never
-over a formula torch or someone else already registered).
+for every Linear, so :func:`op_flops` adds one: it reads torch's registry
+first and falls back to autoplan's own (``_FORMULAS``), so a formula torch
+or someone else registers for einsum wins.
 
-Note that ``FlopCounterMode`` never sees ``aten.einsum`` when a graph runs:
-einsum is a CompositeImplicitAutograd op and reaches dispatch modes already
-decomposed into ``bmm``. The formula is for callers that price graph nodes
-directly, via :func:`op_flops`, and it agrees with what the mode counts for
-the decomposition.
+autoplan never writes into torch's registry: the registry is process-wide, and
+nothing outside :func:`op_flops` would read an einsum entry anyway.
+``FlopCounterMode`` never sees ``aten.einsum`` when a graph runs: einsum is a
+CompositeImplicitAutograd op and reaches dispatch modes already decomposed
+into ``bmm``. The formula agrees with what the mode counts for the
+decomposition.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -96,8 +99,11 @@ def _parse(
     return inputs, output, sizes
 
 
-if aten.einsum not in flop_counter.flop_registry:
-    flop_counter.register_flop_formula(aten.einsum)(einsum_flop)
+# Formulas for ops torch's registry lacks, wrapped as torch's register_flop_formula
+# wraps them (tensors become shapes), so both tables are called alike.
+_FORMULAS: Mapping[Any, Any] = MappingProxyType(
+    {aten.einsum: flop_counter.shape_wrapper(einsum_flop)}
+)
 
 
 def op_flops(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any) -> int:
@@ -111,7 +117,8 @@ def op_flops(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: A
     shape-based formulas (matmuls, convolutions, einsum); attention formulas
     registered raw need tensors. Ops without a formula cost 0.
     """
-    formula = flop_counter.flop_registry.get(getattr(op, "overloadpacket", op))
+    packet = getattr(op, "overloadpacket", op)
+    formula = flop_counter.flop_registry.get(packet) or _FORMULAS.get(packet)
     if formula is None:
         return 0
 

@@ -24,10 +24,11 @@ Choices made for the trace, not by the user:
   hub defaults (e.g. GPT-2's 50256) are out of range for a tiny test vocabulary.
 
 The SDPA used is ``transformers``' own, registered under the name ``autoplan_sdpa``
-with one change to its mask. In eager training on unpadded, unpacked batches (what
-autoplan plans: token ids, no attention mask) ``transformers`` reads the position ids,
-sees no packed sequences and calls SDPA with ``is_causal=True`` and no mask, which is
-what runs flash attention on a GPU. On fake tensors it cannot read them, so it would
+(by :func:`build_hf` and :func:`prepare`, never at import) with one change to its
+mask. In eager training on unpadded, unpacked batches (what autoplan plans: token ids,
+no attention mask) ``transformers`` reads the position ids, sees no packed sequences
+and calls SDPA with ``is_causal=True`` and no mask, which is what runs flash attention
+on a GPU. On fake tensors it cannot read them, so it would
 build an explicit (batch, 1, seq, seq) mask and pass it to SDPA: a graph that training
 does not run, and one whose attention DTensor has no sharding rule for (it would be
 planned replicated). The ``autoplan_sdpa`` mask function returns no mask exactly when
@@ -104,7 +105,11 @@ def _causal_mask(
 
 
 def _register_sdpa() -> None:
-    """Make ``autoplan_sdpa`` known to ``transformers`` (idempotent: same name, same functions)."""
+    """Make ``autoplan_sdpa`` known to ``transformers`` (idempotent: same name, same functions).
+
+    Process-wide and kept: a model using it looks the name up on every forward. Only
+    :func:`build_hf` and :func:`prepare` call it, for a model that uses it.
+    """
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
@@ -117,7 +122,6 @@ def _classes(kind: str) -> tuple[type, type]:
     if kind not in KINDS:
         raise HFConfigError(f"hf = {kind!r} is not a supported model; allowed: {', '.join(KINDS)}")
     lib = _transformers()
-    _register_sdpa()
     config_name, model_name = KINDS[kind]
     return getattr(lib, config_name), getattr(lib, model_name)
 
@@ -194,9 +198,16 @@ def build_hf(
     initialized weights (for checking a plan's execution). ``logits_only=False`` gives
     the Hugging Face class itself: ``forward(input_ids=..., labels=...)`` returns its
     output object, with the loss it computes from ``labels``.
+
+    A model on the ``autoplan_sdpa`` attention (the default) needs that name registered
+    with ``transformers`` (``AttentionInterface`` and ``AttentionMaskInterface``, both
+    process-wide): this call registers it, and it stays registered so the model keeps
+    working after the call. Importing this module registers nothing.
     """
     _, model_cls = _classes(kind)
     cfg = make_config(kind, config)
+    if cfg._attn_implementation == SDPA:
+        _register_sdpa()
     if not logits_only:
         return _built(model_cls, model_cls.__name__, cfg, device)
 
@@ -225,11 +236,15 @@ def prepare(model: nn.Module) -> nn.Module:
     """Your own ``transformers`` causal LM, set up to plan and train as ``build_hf``'s are:
     no KV cache (``config.use_cache = False``) and, if it has an SDPA path, the
     ``autoplan_sdpa`` attention (plain causal attention left to SDPA's ``is_causal``,
-    which can be sharded by heads). Changes ``model``'s config in place; returns it."""
+    which can be sharded by heads). Changes ``model``'s config in place; returns it.
+
+    Setting the attention registers the name ``autoplan_sdpa`` with ``transformers``
+    (process-wide, as :func:`build_hf` does) and leaves it registered: the model looks
+    it up on every forward."""
     _transformers()
-    _register_sdpa()
     model.config.use_cache = False
     if getattr(type(model), "_supports_sdpa", False):
+        _register_sdpa()
         model.set_attn_implementation(SDPA)
     return model
 

@@ -15,6 +15,7 @@ upgrade touches this file alone.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,9 +60,10 @@ from torch.fx._lazy_graph_module import (
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, track_tensor_tree
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.nn.modules import module as _module
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
+
+from autoplan.errors import PlanError
 
 __all__ = [
     "DataDependentOutputException",
@@ -261,26 +263,43 @@ def schema_info(op: torch._ops.OpOverload) -> Any:
     return _propagator().op_to_schema_info.get(op)
 
 
-def init_fake_process_group(world_size: int) -> None:
-    """(Re)initialize a fake process group of ``world_size`` ranks on this one CPU.
+# The default groups init_fake_process_group made: the process group is process-wide,
+# so is this record; weak, so a group destroyed by anyone leaves it.
+_PLANNING_GROUPS: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
 
-    The ``"fake"`` backend runs no collective; it only lets ``DeviceMesh``
-    exist for planning. Raises ``RuntimeError`` when another backend's group (a job's)
-    is initialized.
+
+def init_fake_process_group(world_size: int) -> None:
+    """Make the default process group a fake one of ``world_size`` ranks on this one CPU.
+
+    The ``"fake"`` backend runs no collective; it only lets ``DeviceMesh`` exist for
+    planning. torch registers the backend itself when asked for a fake group without a
+    store. An initialized default group is used as it is when it is fake and of this
+    size (planning runs no collective on it), destroyed and replaced when this function
+    made it, and otherwise left alone with a :class:`PlanError`: a job's group (gloo,
+    nccl) or a fake group someone else made is never destroyed.
     """
     if dist.is_initialized():
-        if dist.get_backend() != "fake":  # a job's group: never replaced
-            raise RuntimeError(
-                f"a process group is initialized in this process (backend "
-                f"{dist.get_backend()!r}, {dist.get_world_size()} ranks), and a fake one for "
-                "planning would replace it. Inside a job, pass the job's mesh to autoplan.plan "
-                "(e.g. init_device_mesh('cuda', (2, 4), mesh_dim_names=('dp', 'tp'))): it plans "
-                "on that mesh's shape and names and runs no collective."
-            )
-        if dist.get_world_size() == world_size:
+        backend, size = dist.get_backend(), dist.get_world_size()
+        if backend == "fake" and size == world_size:
             return
-        dist.destroy_process_group()  # a fake group of another size: planning's own
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        if backend != "fake":
+            raise PlanError(
+                f"a process group is initialized in this process (backend {backend!r}, "
+                f"{size} ranks), and a fake one for planning would replace it. Inside a job, "
+                "pass the job's mesh to autoplan.plan (e.g. init_device_mesh('cuda', (2, 4), "
+                "mesh_dim_names=('dp', 'tp'))): it plans on that mesh's shape and names and "
+                "runs no collective."
+            )
+        if dist.group.WORLD not in _PLANNING_GROUPS:
+            raise PlanError(
+                f"a fake process group of {size} ranks that autoplan did not create is "
+                f"initialized in this process, and a fake mesh of {world_size} ranks would "
+                f"replace it. Plan on a mesh of {size} ranks, or destroy that group first "
+                "(torch.distributed.destroy_process_group())."
+            )
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world_size)
+    _PLANNING_GROUPS.add(dist.group.WORLD)
 
 
 def flatten_axes(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 import autoplan
@@ -17,17 +20,46 @@ SLOW_DEVICES = Topology(
 )
 
 
+def plan_model(
+    build: Callable[[], torch.nn.Module],
+    input_fn: Callable[[], Any],
+    mesh,
+    *,
+    input_placements=None,
+    output_placements=None,
+    pins=None,
+    loss_fn=None,
+    broadcast_from: int | None = None,
+    **config,
+) -> autoplan.Plan:
+    """``build()``, made on the meta device, planned on ``mesh`` for ``input_fn``'s batch;
+    ``config`` is the PlanConfig's fields, the other options go to autoplan.plan as given."""
+    with torch.device("meta"):
+        model = build()
+    return autoplan.plan(
+        model,
+        input_fn,
+        mesh,
+        config=autoplan.PlanConfig(**config),
+        input_placements=input_placements,
+        output_placements=output_placements,
+        pins=pins,
+        loss_fn=loss_fn,
+        broadcast_from=broadcast_from,
+    )
+
+
 def plan_mlp(
     model: torch.nn.Module, mesh, *, batch_shape: tuple[int, ...] = (16, 32, 64), **config
 ) -> autoplan.Plan:
     """``model`` (an MLP, as conftest's ``meta_mlp``) planned on ``mesh`` for a random batch
     of ``batch_shape`` split over the first axis; ``config`` is the PlanConfig's fields."""
-    return autoplan.plan(
-        model,
+    return plan_model(
+        lambda: model,
         lambda: torch.randn(*batch_shape),
         mesh,
-        config=autoplan.PlanConfig(**config),
         input_placements=["S(0)"],
+        **config,
     )
 
 
