@@ -16,10 +16,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoplan
 from autoplan.apply import full_gradients, parallelize, shard_inputs
-from autoplan.cli import main, run_plan
+from autoplan.cli import main
 from autoplan.models import hf
 from autoplan.placements import fmt
 from autoplan.plan import Plan
+from autoplan.run_plan import run_plan
 from autoplan.runfile import Run, RunFileError, load_run
 from autoplan.trace import trace_joint
 from tests.helpers.gloo import run_workers
