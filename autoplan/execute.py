@@ -338,10 +338,9 @@ def move(value: DTensor, mesh: DeviceMesh, want: Placements) -> DTensor:
     ``_S(d,1)`` is ``S(d)`` (:func:`autoplan.placements.plain`): the move runs between the
     plain spellings, and changing spelling relabels the local shard, with no collective.
     torch 2.13's redistribute runs its strided path for ``_S(d,1)``: ``S(0)_S(0,1) ->
-    S(0)S(1)`` gathers where ``S(0)S(0) -> S(0)S(1)`` is one all-to-all. Of the 1 040
-    moves on a 2x2 mesh with an ``_S(d,1)`` on either side (those
-    tests/test_redistribute_execution.py samples), 360 ran other collectives than priced
-    through redistribute, none through this function.
+    S(0)S(1)`` gathers where ``S(0)S(0) -> S(0)S(1)`` is one all-to-all, so a move with an
+    ``_S(d,1)`` on either side can run other collectives than priced through redistribute,
+    and runs the priced ones through this function (tests/test_redistribute_execution.py).
     """
     have, target = tuple(value.placements), plain(want)
     if have != plain(have):

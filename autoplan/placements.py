@@ -21,8 +21,8 @@ Placements = tuple[Placement, ...]
 
 
 # Whether each placement class shards, and whether it is strided, by exact type. torch
-# 2.13's placement classes have a metaclass whose isinstance check is slow (about 1 us);
-# the strategies and cost stages ask about 10^6 times on LLaMA3-70B.
+# 2.13's placement classes have a metaclass whose isinstance check runs in Python, and the
+# strategies and cost stages ask for every placement they meet.
 _SHARDS: dict[type, tuple[bool, bool]] = {}
 
 

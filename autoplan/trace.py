@@ -20,23 +20,16 @@ returns, and their placeholders are made then (``late_input``) rather than from 
 first, untraced forward.
 
 Why this way: a plain ``make_fx`` of ``functional_call`` + ``autograd.grad``
-traces LLaMA3-8B's 32 layers in seconds with no real memory (the dynamo +
-AOT-autograd path costs ~5x more, see ARCHITECTURE.md). Fake tensors are put on
+traces the model with no real memory and without the dynamo + AOTAutograd path's
+bytecode capture and guards, which planning does not need. Fake tensors are put on
 the CPU device rather than meta so that attention dispatches to a fused
 attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) the way it
 dispatches to flash attention on a GPU, instead of the unfused math path.
 
-Where the time goes (py-spy, LLaMA3-8B 32 layers, 7 923 nodes, ~0.8 ms/node):
-about half is make_fx's per-op proxy bookkeeping (``proxy_call``: pytree
-flattening, node creation, ``meta["val"]`` snapshot and ``tensor_meta``), a third
-is FakeTensor dispatch (almost all cache hits: building the cache key and the
-output fake tensor), ~5 % the model's Python and ``functional_call``, ~4 % the
-C++ autograd engine, ~3 % dead-code elimination. Two costs were avoidable and are
-cut here (-16 % CPU at 32 layers): generating and ``exec``-ing the GraphModule's
-Python code twice (~10 %, now lazy, see ``trace_joint``) and cyclic-GC passes over
-the growing heap (4-7 %, paused, see ``_paused_gc``). The rest is torch's per-op
-Python; the knobs tried (``_disable_torch_fn_metadata_mode``) gain nothing, and
-``record_module_stack`` / ``record_stack_traces`` are already off by default.
+Tracing time is torch's per-op Python (make_fx's proxy bookkeeping and FakeTensor
+dispatch). Two avoidable costs are cut here: the GraphModule's Python code is generated
+once, not twice (lazily, see ``trace_joint``), and cyclic GC is paused while the heap
+only grows (see ``_paused_gc``).
 """
 
 from __future__ import annotations
@@ -379,11 +372,10 @@ def _hooks(module: nn.Module, before: Callable[..., None], after: Callable[..., 
 def _paused_gc() -> Iterator[None]:
     """Pause Python's cyclic garbage collector during the trace, then restore it.
 
-    Tracing keeps ~12 GC-tracked objects per node alive (fake tensors, proxies,
-    nodes), so generation-1/2 passes rescan a growing heap: measured with
-    ``gc.callbacks``, 0.47 s of 10.7 s on LLaMA3-8B 32 layers, 1.5 s of 22.7 s on
-    70B 80 layers. Short-lived cyclic garbage made meanwhile is reclaimed by the
-    first collection after ``gc.enable()`` (Python docs, ``gc.disable``).
+    Tracing keeps several GC-tracked objects per node alive (fake tensors, proxies,
+    nodes), so generation-1/2 passes rescan a growing heap of live objects. Short-lived
+    cyclic garbage made meanwhile is reclaimed by the first collection after
+    ``gc.enable()`` (Python docs, ``gc.disable``).
     """
     was_enabled = gc.isenabled()
     gc.disable()

@@ -290,6 +290,21 @@ def test_free_cycle_agrees_with_networkx_on_random_price_matrices():
     assert seen == {True, False}
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_closure_equals_networkx_floyd_warshall(seed):
+    """closure gives networkx's floyd_warshall_numpy prices, free and impossible moves included."""
+    import networkx as nx
+
+    direct = _random_direct(seed, 60)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(60))
+    src, dst = np.nonzero(np.isfinite(direct) & ~np.eye(60, dtype=bool))
+    g.add_weighted_edges_from(
+        zip(src.tolist(), dst.tolist(), direct[src, dst].tolist(), strict=True)
+    )
+    np.testing.assert_array_equal(closure(direct), nx.floyd_warshall_numpy(g, nodelist=range(60)))
+
+
 @pytest.mark.parametrize("threaded", [0, 10**9])
 def test_edges_of_one_shape_share_one_network_built_alike_on_threads_or_not(monkeypatch, threaded):
     """Router.prepare builds one network per shape and element size holding every edge's

@@ -18,7 +18,10 @@ import numpy as np
 
 def closure(direct: np.ndarray) -> np.ndarray:
     """Cheapest route prices over the moves ``direct`` (Floyd-Warshall): n numpy passes
-    of one add and one minimum over n x n arrays, in place."""
+    of one add and one minimum over n x n arrays, in place.
+
+    Ours rather than networkx's ``floyd_warshall_numpy``: faster on the planner's networks
+    (scipy's csgraph is faster still, but not a dependency; see benchmarks/NOTES.md)."""
     n = len(direct)
     dist = direct.astype(np.float64, copy=True)
     np.fill_diagonal(dist, 0.0)
@@ -40,9 +43,7 @@ def route_arcs(direct: np.ndarray, dist: np.ndarray, tight: np.ndarray | None = 
     itself a cheapest route. ``tight``: :func:`one_move`, when already made.
 
     Only moves that are themselves cheapest routes can stay, so only they are
-    tested, row by row against every k: on a LLaMA3-70B native network of 984
-    states (125 044 such moves of 968 256 pairs) 0.18 s, where testing every pair
-    for each k took 0.9 s; the same answer.
+    tested, row by row against every k: they are a small share of all pairs.
     """
     n = len(direct)
     if tight is None:
@@ -67,9 +68,7 @@ def _free_cycle(direct: np.ndarray) -> bool:
 
     Peels the states no free move enters, layer by layer: the free moves are acyclic
     iff that empties the network. As many numpy passes as the longest free chain has
-    moves (a few), where squaring the reachability matrix took 9 products of 343 x 343
-    matrices per LLaMA3-70B network: 0.67 s of its cost phase under cProfile, though
-    timed without the profiler the phase moved by less than its run-to-run noise.
+    moves (a few), where squaring the reachability matrix takes log2(n) n x n products.
     """
     free = (direct == 0.0) & ~np.eye(len(direct), dtype=bool)
     alive = np.arange(len(direct))

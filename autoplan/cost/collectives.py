@@ -45,12 +45,10 @@ algbw`` and runs the cheapest (NVIDIA/nccl ``src/graph/tuning.cc``,
   stage to fill per node crossed). NCCL's model has no such term (Tree has its
   correction table instead), yet published nccl-tests curves reach peak only
   in the GiB range (NVIDIA: "256M is too small to reach peak bandwidth",
-  nccl-tests#212), and at 64 MiB the published multi-node busbw keeps falling
-  with the node count while the peak does not (8xH100 nodes on 400 Gb/s
-  InfiniBand, 2/4/8/16 nodes: 270, 225, 184, ~150 GB/s; nccl-tests#309,
-  nccl#1469); without the per-node ramp the model overestimates busbw at
-  64 MiB by 25% on 8 nodes and 50% on 16. ``NET_EFFICIENCY`` is
-  fitted to published multi-node figures too.
+  nccl-tests#212), and at mid sizes the published multi-node busbw keeps falling
+  with the node count while the peak does not (nccl-tests#309, nccl#1469), which
+  the per-node ramp reproduces. ``NET_EFFICIENCY`` is fitted to published
+  multi-node figures too.
 * all_to_all has no entry in tuning.cc. We price it as a pairwise exchange: the
   NVLink and NIC transfers of each rank run concurrently, so the slower one
   (the NIC once nodes > 1) bounds it; its latency is that of an n-1 step ring,
@@ -87,16 +85,14 @@ _NET_OVERHEAD_US = 1.0  # getNetOverhead() on x86 Intel hosts; x3 for Simple
 NVLINK_EFFICIENCY = 20.6 / 25.0
 """Usable share of raw NVLink: NCCL's 20.6 GB/s per Hopper link (topo.h) of 25 GB/s."""
 NET_EFFICIENCY = 0.88
-"""Usable share of NIC line rate. Calibrated: NVIDIA measures 46-48 GB/s per 400 Gb/s NDR NIC
-(0.94, nccl-tests#290) and 192 GB/s all_reduce on 8x200 Gb/s DGX A100 (0.96, nccl#812), while
-an 8x400 Gb/s RoCE H100 cluster publishes 320 GB/s (0.80, nccl#1221); 0.88 keeps all within 10%."""
+"""Usable share of NIC line rate: one value between the published shares of NVIDIA's NDR and
+DGX A100 runs (nccl-tests#290, nccl#812) and of a RoCE H100 cluster (nccl#1221)."""
 NVLS_EFFICIENCY = 275.0 * 9.0 / 8.0 / 450.0
 """Effective NVLink wire rate under NVLS: algbw 275 GB/s x (n+1)/n at n=8 on 450 GB/s H100."""
 _NVLS_TREE_RATIO = 5.0 / 6.0  # tuning.cc's NVLS bus-to-algorithm ratio, for the network stage
 RAMP_BYTES = 20 * 2**20
-"""Simple-protocol pipeline ramp, bytes. Calibrated on the 8xH100 NVLS curve (Azure ND H100 v5,
-64 MiB-8 GiB) together with the multi-node curves of nccl-tests#309 (16 to 24 MiB fit the
-one-node curve within 5.5%; 20 MiB also keeps 2-node NVLS-Tree at 64 MiB within 10%)."""
+"""Simple-protocol pipeline ramp, bytes. Fitted to the 8xH100 NVLS curve (Azure ND H100 v5)
+together with the multi-node curves of nccl-tests#309."""
 NET_RAMP_BYTES = 4 * 2**20
 """Extra ramp per node crossed, bytes, for every protocol. Fitted to the 2/4/8-node 8xH100
 curves of nccl-tests#309 (64 MiB-8 GiB); it equals NCCL's default NCCL_BUFFSIZE (4 MiB), the

@@ -6,7 +6,7 @@ shape and element size. Output: the rows x columns matrix of microseconds, equal
 bit for bit to :meth:`RedistributeModel.cost_us` pair by pair (``inf`` where the
 move is impossible).
 
-Why: priced pair by pair, a 2-layer LLaMA on an 8x8 mesh asks about 10^5 pairs,
+Why: priced pair by pair, an edge costs rows x columns calls into the cost model,
 each walking DTensor's step order and the collective model in Python. But which
 collectives a move runs, on which axis groups and on what fraction of the
 tensor (:func:`~autoplan.cost.redistribute.moves`) depends on the shape only
@@ -68,9 +68,8 @@ class EdgePricer:
         # small ints so that the per-pair caches hash ints, not DTensor placements.
         self._ids: dict[Placements, int] = {}
         # The same, by tuple object: hashing a tuple hashes its placements, in Python for
-        # DTensor's classes, and strategies share their tuple objects (LLaMA3-70B native:
-        # ids 1.0 -> 0.5 s, cost phase 7.8-7.9 -> 7.0-7.3 s). Each entry holds its tuple, so
-        # no id is reused while it is cached.
+        # DTensor's classes, and strategies share their tuple objects. Each entry holds its
+        # tuple, so no id is reused while it is cached.
         self._seen: dict[int, tuple[Placements, int]] = {}
         self._seqs: dict[int, tuple[tuple[Placements, ...], tuple[int, ...]]] = {}
         self._axis_ids: dict[Placement, int] = {}
@@ -209,10 +208,8 @@ class EdgePricer:
         A pair's form (:meth:`_moves_of`) is a function of the row's own form, the
         column's, and which of the row's axes hold the same placement (or shard the
         same dim) as which of the column's: those pack into one int per pair, made for
-        the whole grid in numpy, and one pair per new int is walked. LLaMA3-70B native
-        (3.1 10^6 pairs): layouts 3.44 -> 2.08 s against a dict lookup per pair and
-        numpy forms for the 7.2 10^5 never seen, with the same 72 606 walks. Meshes of
-        more than three axes do not pack into an int64 and go by pair.
+        the whole grid in numpy (no dict lookup per pair), and one pair per new int is
+        walked. Meshes of more than three axes do not pack into an int64 and go by pair.
         """
         n = len(self.redist.mesh_shape)
         if len(self._form_ids) >= 1 << 20 or 2 * n * n + 40 > 63:  # does not pack: by pair
@@ -263,10 +260,8 @@ class EdgePricer:
     ) -> np.ndarray:
         """Move ids of the pairs (src[i], dst[i]) of placement ids at divisibility div[i]
         (-1: a move that fits every shape). Pairs of one form share a walk: the forms are
-        made for all pairs at once in numpy, and one pair per form never seen before is
-        walked (:meth:`_pair`). LLaMA3-70B native: 6.7 10^5 pairs, 6.6 10^4 forms; cost
-        phase 9.0 -> 8.0 s against making each pair's form in Python (the pairs of any
-        shape only, two runs each).
+        made for all pairs at once in numpy rather than pair by pair in Python, and one pair
+        per form never seen before is walked (:meth:`_pair`).
         """
         if not len(src):
             return np.zeros(0, dtype=np.intp)
@@ -299,7 +294,7 @@ class EdgePricer:
     def _tables(self) -> tuple[np.ndarray, ...]:
         """The per-placement-id lists (axis ids, kinds, forms, may-fuse) as arrays, made
         again only when :meth:`ids` has added placements since (a run's ids come before
-        its layouts, which read these some 200 times on LLaMA3-70B native)."""
+        its layouts, which read these many times)."""
         if not self._arrays or len(self._arrays[0]) != len(self._axes):
             self._arrays = (
                 np.array(self._axes, dtype=np.int64),
@@ -324,7 +319,7 @@ class EdgePricer:
         # first appearance: the walk depends on a dim only through which placements shard
         # it and, for a fused reduce-scatter, whether it divides evenly, so S(0)S(1) ->
         # S(1)S(0) and S(2)S(3) -> S(3)S(2) (or S(0)R -> _S(0,2)R and S(0)R -> _S(0,4)R)
-        # share one walk. LLaMA3-70B native, 8x8x8 mesh: 672 933 pairs, 66 093 walks.
+        # share one walk.
         dims: dict[int, int] = {}
         codes = self._codes(
             self._axes[src] + self._axes[dst], self._kinds[src] + self._kinds[dst], {}, dims

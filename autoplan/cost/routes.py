@@ -9,12 +9,11 @@ the same shape), the cheapest price between any two, and the direct moves
 routes are made of.
 
 Why routes: DTensor moves a tensor by one fixed per-axis walk, and a detour
-can be far cheaper. On LLaMA3-70B's 8x8x8 H100 mesh (tp across nodes, cp
-inside one), ``S(0)S(2)R -> S(0)RR`` of a 64x8192x8192 fp32 activation is a tp
-all-gather in which every GPU of a node pulls the same 1.8 GB through its own
-NIC: 43.9 ms. Chunking locally to ``S(0)S(2)S(2)`` first (free) and gathering
-over the fused (tp, cp) group sends each byte across nodes once: 6.5 ms. The
-planner prices every edge by its cheapest route, and :mod:`autoplan.execute`
+can be far cheaper. On a (dp, tp, cp) mesh with tp across nodes and cp inside
+one, ``S(0)S(2)R -> S(0)RR`` is a tp all-gather in which every GPU of a node pulls
+the same bytes through its own NIC; chunking locally to ``S(0)S(2)S(2)`` first
+(free) and gathering over the fused (tp, cp) group sends each byte across nodes
+once. The planner prices every edge by its cheapest route, and :mod:`autoplan.execute`
 runs the route hop by hop (the plan lists the routes that are not one move).
 
 Why the network: a route price is a shortest-path distance, so the ILP can
@@ -22,8 +21,8 @@ carry an edge as a flow from the producer's placement to the consumer's
 over the network's direct moves (:mod:`autoplan.ilp.formulation.matrix`) instead of one
 variable per placement pair. The flow's LP relaxation equals the pairwise one
 (both are transport problems with the same distances), and the moves that no
-cheapest route needs are left out: on the 70B mesh's largest edge, 1 721 moves
-stand for 45 369 pairs.
+cheapest route needs are left out, so an edge carries far fewer moves than
+placement pairs.
 """
 
 from __future__ import annotations
@@ -93,8 +92,8 @@ class Routes(ABC):
         included, see :class:`Network`'s ``one_move``), both ends included.
 
         Found when asked (a plan asks for the routes of its chosen moves, a few hundred
-        distinct ones), not kept for every pair by the closure: tracking first hops in
-        Floyd-Warshall made it 1.6x slower on LLaMA3-70B native's networks.
+        distinct ones), not kept for every pair by the closure: tracking first hops would
+        slow every Floyd-Warshall pass for routes few pairs are asked for.
         """
         found = self._routes.get((a, b))
         if found is None:
@@ -211,9 +210,8 @@ def canonical(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placement
     """Every placement tuple of a tensor of ``shape`` built from R, P and the S(d) that
     split dim d evenly on that axis: the placements a route may pass.
 
-    Uneven splits (a dim of 1 or 2 on an 8-way axis) are left out as waypoints: on
-    LLaMA3-70B's rank-5 RoPE views they made the network 343 placements instead of
-    216, and leaving them out changed no plan we measured (70B, 8B in both modes).
+    Uneven splits (a dim of 1 or 2 on an 8-way axis) are left out as waypoints: they
+    enlarge the network (RoPE's rank-5 views most) and made no benchmarked plan cheaper.
     The placements of the edges of that shape are added whatever they are.
     """
     per_axis = [
@@ -265,17 +263,12 @@ class Router:
 
         One network per shape, so that a move has one price whatever edge asks: routes
         through the edges' own placements (the strided ones, which are no waypoints) are
-        most of what makes moves cheap on LLaMA3-70B native (through its 64 waypoints
-        alone, 74 % of the prices of the 503-state network of one mm input were dearer, up
-        to 286x), and with a network per edge an edge with fewer of them paid more for the
-        same move. 70B native: 81 -> 36 networks, plan 14 709.56 -> 14 703.16 ms; the 8B
-        plans and 70B einsum's are unchanged.
+        most of what makes moves cheap, and with a network per edge an edge with fewer of
+        them would pay more for the same move.
 
         Closing a network (Floyd-Warshall, then :func:`route_arcs`) is n numpy passes over
         n x n arrays, which numpy runs without holding the GIL, while pricing its moves is
-        Python. When LLaMA3-70B native networks had 984 states (before ``_S(d,1)`` was read
-        as ``S(d)``; now at most 503), each took 1.4-1.7 s to close, and four took 8.3 s one
-        after the other and 5.2 s on two threads.
+        Python: so the two overlap.
         """
         asked: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}  # edge -> its group
         groups: dict[tuple[tuple[int, ...], int], dict[int, Placements]] = {}
@@ -365,11 +358,9 @@ class Router:
 
 # Threads that close networks while the planner's thread prices the next (Router.prepare).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
-# Networks of fewer states are closed in the planner's thread: on small arrays numpy keeps
-# the GIL, and the hand-over costs more than it saves: 70B einsum's networks (216 and 343
-# states) were closed faster in place. LLaMA3-70B native (81 networks, 12 of 344-503
-# states, 22 of 256-343), cost phase in one run each: 11.8 s at 512, 9.6 s at 344, 9.0 and
-# 10.0 s at 256.
+# Networks of fewer states are closed in the planner's thread: on small arrays the
+# hand-over to a worker costs more than it saves (threshold tuned on the 70B plans, see
+# benchmarks/NOTES.md).
 _THREADED = 344
 
 

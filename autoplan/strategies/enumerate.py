@@ -208,7 +208,7 @@ class _Enumerator:
         infos) and its inputs' candidates, which matter only as far as the rules read them:
         through the split factors seen (single-dim rules) or one candidate at a time (a
         full-mesh function of one input). Nodes whose candidates differ otherwise share
-        the work (LLaMA3-70B native: the mm family's 22 asks came from 17 distinct ones)."""
+        the work."""
         memo = self.use_cache
         rules = self._rules.get(sig, _UNKNOWN) if memo else _UNKNOWN
         if rules is _UNKNOWN:
@@ -313,8 +313,8 @@ class _Enumerator:
 
     def _split_seen(self, in_nodes: list[fx.Node]) -> frozenset[Placement]:
         # Split factors seen on the inputs, 1 left out: _S(d,1) is S(d), which every
-        # placeholder is filled with anyway (autoplan.placements.plain). On LLaMA3-70B's
-        # 8x8x8 mesh it would add a third of an mm's strategies, each a second spelling.
+        # placeholder is filled with anyway (autoplan.placements.plain); kept, it would add
+        # a second spelling of many of an mm's strategies.
         seen: set[Placement] = set()
         for a in in_nodes:
             for cand in self._candidates(a):
