@@ -1,26 +1,27 @@
-"""Our Floyd-Warshall (:func:`autoplan.cost.closure.closure`) against the libraries' ones,
-on the one-move matrices the planner closes for a run file.
+"""Floyd-Warshall on the one-move matrices the planner closes for a run file: the one
+autoplan uses (:func:`autoplan.cost.closure.closure`, scipy's csgraph) against the others.
 
 A benchmark, not part of planning. It plans the run file once per ``--mm-mode``, keeping
 every matrix handed to ``closure``, then times over all of them (the sum, best of
 ``--repeat``, round-robin so that load drifts hit every candidate alike):
 
-* ``ours``: :func:`~autoplan.cost.closure.closure`;
+* ``closure``: :func:`~autoplan.cost.closure.closure` (scipy's ``floyd_warshall`` on
+  ``csgraph_from_dense(m, null_value=inf)``; a dense or masked array would drop the
+  zero-price moves);
+* ``scipy (prebuilt sparse)``: the same call on graphs built beforehand;
+* ``numpy loop``: n passes of one add and one minimum over n x n arrays, in place (the
+  closure autoplan had before);
 * ``networkx``: ``floyd_warshall_numpy``, the whole call with the graph built from the
-  matrix, then on a prebuilt graph;
-* ``scipy``: ``scipy.sparse.csgraph.floyd_warshall`` on ``csgraph_from_dense(m,
-  null_value=inf)`` (a dense or masked array would drop the zero-price moves), when scipy
-  is importable; it is not a dependency of autoplan.
+  matrix, then on a prebuilt graph (networkx is a test dependency only);
 
 and prints each one's total, its time on the largest network, and whether its distances
-equal ours (``inf`` where ours are).
+equal closure's (``inf`` where closure's are).
 
     python scripts/closure_bench.py configs/llama3_70b.yaml
     python scripts/closure_bench.py configs/llama3_70b.yaml --save /tmp/direct.npz
     python scripts/closure_bench.py --load /tmp/direct.npz
 
-Why: closure.py keeps its own Floyd-Warshall because of these figures, so that they can
-be measured again.
+Why: closure.py uses scipy because of these figures, so that they can be measured again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Callable
 
 import networkx as nx
 import numpy as np
+from scipy.sparse.csgraph import csgraph_from_dense, floyd_warshall
 
 import autoplan.cost.closure as closure_module
 from autoplan.cli import main as cli_main
@@ -70,10 +72,27 @@ def _graph(direct: np.ndarray) -> nx.DiGraph:
     return g
 
 
+def numpy_loop(direct: np.ndarray) -> np.ndarray:
+    """Floyd-Warshall as n numpy passes of one add and one minimum, in place."""
+    n = len(direct)
+    dist = direct.astype(np.float64, copy=True)
+    np.fill_diagonal(dist, 0.0)
+    via = np.empty_like(dist)
+    for k in range(n):
+        np.add(dist[:, k : k + 1], dist[k : k + 1, :], out=via)
+        np.minimum(dist, via, out=dist)
+    return dist
+
+
 def candidates(nets: list[np.ndarray]) -> dict[str, tuple[Callable, list]]:
     """Name -> (function, its input per network)."""
-    out: dict[str, tuple[Callable, list]] = {
-        "ours": (closure, nets),
+    return {
+        "closure": (closure, nets),
+        "scipy (prebuilt sparse)": (
+            lambda s: floyd_warshall(s, directed=True),
+            [csgraph_from_dense(d, null_value=np.inf) for d in nets],
+        ),
+        "numpy loop": (numpy_loop, nets),
         "networkx (graph built + call)": (
             lambda d: nx.floyd_warshall_numpy(_graph(d), nodelist=range(len(d))),
             nets,
@@ -83,20 +102,6 @@ def candidates(nets: list[np.ndarray]) -> dict[str, tuple[Callable, list]]:
             [_graph(d) for d in nets],
         ),
     }
-    try:
-        from scipy.sparse.csgraph import csgraph_from_dense, floyd_warshall
-    except ImportError:
-        print("scipy not importable: left out")
-        return out
-    out["scipy (csgraph_from_dense + call)"] = (
-        lambda d: floyd_warshall(csgraph_from_dense(d, null_value=np.inf), directed=True),
-        nets,
-    )
-    out["scipy (prebuilt sparse)"] = (
-        lambda s: floyd_warshall(s, directed=True),
-        [csgraph_from_dense(d, null_value=np.inf) for d in nets],
-    )
-    return out
 
 
 def _equal(got: np.ndarray, want: np.ndarray) -> bool:

@@ -6,30 +6,24 @@ move). Output: the n x n cheapest route prices (Floyd-Warshall), which direct
 moves the cheapest routes need, and which direct moves are themselves cheapest
 routes (boolean matrices).
 
-Why its own module: these are plain numpy passes over n x n arrays, which the
-router runs on worker threads (numpy releases the GIL) while the planner's
-thread prices the next network; they know nothing of placements.
+Why its own module: these are passes over n x n arrays (scipy's Floyd-Warshall,
+then numpy), which the router runs on worker threads while the planner's thread
+prices the next network; they know nothing of placements.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.sparse.csgraph import csgraph_from_dense, floyd_warshall
 
 
 def closure(direct: np.ndarray) -> np.ndarray:
-    """Cheapest route prices over the moves ``direct`` (Floyd-Warshall): n numpy passes
-    of one add and one minimum over n x n arrays, in place.
+    """Cheapest route prices over the moves ``direct`` (Floyd-Warshall, scipy's csgraph).
 
-    Ours rather than networkx's ``floyd_warshall_numpy``: faster on the planner's networks
-    (scipy's csgraph is faster still, but not a dependency; see benchmarks/NOTES.md)."""
-    n = len(direct)
-    dist = direct.astype(np.float64, copy=True)
-    np.fill_diagonal(dist, 0.0)
-    via = np.empty_like(dist)
-    for k in range(n):
-        np.add(dist[:, k : k + 1], dist[k : k + 1, :], out=via)
-        np.minimum(dist, via, out=dist)
-    return dist
+    The graph is read with ``inf`` as "no move", so that free moves (price 0) stay
+    moves: scipy reads a dense array's zeros as missing edges."""
+    graph = csgraph_from_dense(np.asarray(direct, dtype=np.float64), null_value=np.inf)
+    return floyd_warshall(graph, directed=True)
 
 
 def route_arcs(direct: np.ndarray, dist: np.ndarray, tight: np.ndarray | None = None) -> np.ndarray:
