@@ -15,7 +15,7 @@ import torch
 
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
-from autoplan.ilp.solver.backends import SOLVERS
+from autoplan.ilp.backends import SOLVERS
 
 MM_MODES = ("einsum", "native")
 CHECKPOINT_MODES = ("none", "selective", "full")

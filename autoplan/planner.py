@@ -20,7 +20,7 @@ from autoplan.api_checks import check_plan_args
 from autoplan.config import PlanConfig
 from autoplan.constraints import InputPlacements, PinSpec, PlacementSpec
 from autoplan.graph import fingerprint
-from autoplan.ilp.solver.backends import check_solver
+from autoplan.ilp.backends import check_solver
 from autoplan.job import plan_on_one_rank
 from autoplan.plan import Plan
 from autoplan.prepare import prepare

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from lp_columns import _model  # noqa: E402
 
+from autoplan.ilp.backends import run  # noqa: E402
 from autoplan.ilp.bound.relax import relax  # noqa: E402
-from autoplan.ilp.solver.backends import run  # noqa: E402
 from autoplan.run_plan import run_plan  # noqa: E402
 from autoplan.runfile import load_run  # noqa: E402
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from autoplan.ilp.backends import run
 from autoplan.ilp.bound.dual import Ascent, ascend
 from autoplan.ilp.bound.dual_layout import diagonal_blocks
 from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
@@ -16,7 +17,6 @@ from autoplan.ilp.bound.incumbent import cost_of, from_plan, memory_of
 from autoplan.ilp.bound.relax import relax, start_vector
 from autoplan.ilp.formulation.matrix import emit
 from autoplan.ilp.formulation.problem import Edge, Problem
-from autoplan.ilp.solver.backends import run
 from tests.helpers.brute_force import problem_plans
 from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.ilp.solver import backends
+from autoplan.ilp import backends
 from tests.helpers.bad_input import assert_clear, cli
 from tests.helpers.runs import TINY_RUN
 

@@ -429,9 +429,9 @@ def test_solver_stopped_still_returns_the_plan_decoded_from_the_bound(meta_mlp, 
     import torch
 
     import autoplan
+    from autoplan.ilp.backends import RunResult
     from autoplan.ilp.bound import relax as relax_module
     from autoplan.ilp.solver import solve as solve_module
-    from autoplan.ilp.solver.backends import RunResult
 
     for module in (relax_module, solve_module):
         monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))
@@ -447,9 +447,9 @@ def test_solver_stopped_before_any_plan_is_an_error_naming_the_limit(meta_mlp, m
     import torch
 
     import autoplan
+    from autoplan.ilp.backends import RunResult
     from autoplan.ilp.bound import relax as relax_module
     from autoplan.ilp.solver import solve as solve_module
-    from autoplan.ilp.solver.backends import RunResult
 
     for module in (relax_module, solve_module):
         monkeypatch.setattr(module, "run", lambda *a, **k: RunResult("stopped", None))

@@ -1,4 +1,4 @@
-"""Tests for autoplan.ilp.formulation.matrix and autoplan.ilp.solver.backends: the arrays both
+"""Tests for autoplan.ilp.formulation.matrix and autoplan.ilp.backends: the arrays both
 solvers read."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from autoplan.ilp.backends import RunResult, run, write_mps
 from autoplan.ilp.bound.incumbent import cost_of, memory_of
 from autoplan.ilp.bound.relax import start_vector
 from autoplan.ilp.formulation.matrix import Flow, emit
 from autoplan.ilp.formulation.problem import Edge, Problem
-from autoplan.ilp.solver.backends import RunResult, run, write_mps
 from autoplan.ilp.solver.solve import solve
 from tests.helpers.brute_force import brute_force_problem
 from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
@@ -208,7 +208,7 @@ def test_routed_problems_are_laid_out_as_flows():
 def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
     """A CBC that ignores -sec (it can, after a timed-out -dualS) is stopped past the limit
     and its grace, and the run reports no solution instead of hanging the planner."""
-    from autoplan.ilp.solver import backends
+    from autoplan.ilp import backends
 
     slow = tmp_path / "cbc"
     slow.write_text("#!/bin/sh\nsleep 60\n")
@@ -227,7 +227,7 @@ def test_cbc_overrunning_its_time_limit_is_stopped(monkeypatch, tmp_path):
 @pytest.mark.parametrize("ran_out", [False, True])
 def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_out):
     """CBC's "Integer infeasible" proves nothing when it comes at -sec (preprocessing cut short)."""
-    from autoplan.ilp.solver import backends
+    from autoplan.ilp import backends
 
     m = emit(random_problem(0)).matrix
     limit = 0.05

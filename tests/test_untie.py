@@ -8,9 +8,9 @@ import torch
 import autoplan
 import autoplan.ilp.solver.solve as solve_module
 from autoplan.cost.price import CostTable
+from autoplan.ilp.backends import RunResult
 from autoplan.ilp.bound.relax import relax
 from autoplan.ilp.formulation.build import build_ilp
-from autoplan.ilp.solver.backends import RunResult
 from autoplan.ilp.solver.solve import solve
 from autoplan.ilp.solver.stage import PROOF_MIN_S, solve_ilp
 from autoplan.ilp.untying.untie import worth_untying

@@ -14,5 +14,7 @@ Run order, one sub-package each:
 * 5e :mod:`~autoplan.ilp.solver`: the MIP, and :func:`~autoplan.ilp.solver.stage.solve_ilp`,
   which runs 5c to 5e.
 
-:mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share.
+:mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share, and
+:mod:`~autoplan.ilp.backends` the solvers (CBC, HiGHS) that the bound's LP and the MIP
+both run.
 """

@@ -13,7 +13,7 @@ LP relaxation is then solved only over the columns priced near zero, a small sha
 of them and far quicker than the whole LP, which says which strategies the
 relaxation uses and what the memory row is worth, and the ascent settles its bound
 at that price. When no plan can be decoded, the whole LP is solved instead. Both LPs
-go through :mod:`autoplan.ilp.solver.backends`, which needs nothing past the
+go through :mod:`autoplan.ilp.backends`, which needs nothing past the
 formulation.
 """
 
@@ -26,13 +26,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autoplan.ilp.backends import check_solver, run
 from autoplan.ilp.bound.dual import Ascent
 from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.bound.incumbent import cost_of, from_lp, from_plan, memory_of
 from autoplan.ilp.formulation.build import IlpModel, Warm
 from autoplan.ilp.formulation.matrix import Matrix
 from autoplan.ilp.formulation.problem import Problem
-from autoplan.ilp.solver.backends import check_solver, run
 from autoplan.ilp.tolerances import (
     BUDGET_BINDS,
     GAP_NOISE,

@@ -8,7 +8,7 @@ every edge move, so a solution vector can be read back per class.
 Why arrays and not a modelling layer: one Python object per variable is slow to
 make and to write out again on every solver call. Here every class and edge is a
 few numpy operations, and the same arrays go to HiGHS in memory or to CBC as an
-MPS file (:mod:`autoplan.ilp.solver.backends`).
+MPS file (:mod:`autoplan.ilp.backends`).
 
 Columns: first the binary strategy columns of every class with two or more
 allowed strategies, then the continuous edge columns: one per finite

@@ -6,7 +6,7 @@ objective, lower bound, the chosen strategy index of every node).
 
 CBC ships inside PuLP, so planning needs no extra install; HiGHS
 (``highspy``) is used when asked for and installed. Both get the same arrays
-(:mod:`autoplan.ilp.solver.backends`).
+(:mod:`autoplan.ilp.backends`).
 
 Reduced-cost fixing (``fixing=True``), exact: first a lower bound ``LB`` and,
 per column j, a price ``d_j`` such that every plan using column j costs at
@@ -34,9 +34,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autoplan.ilp.backends import check_solver, run
 from autoplan.ilp.bound.relax import Relaxation, class_values, relax, start_vector, valid_cost
 from autoplan.ilp.formulation.build import IlpModel, Warm
-from autoplan.ilp.solver.backends import check_solver, run
 from autoplan.ilp.tolerances import GAP_NOISE, LP_NONZERO
 
 __all__ = ["Solution", "solve"]

@@ -1,4 +1,4 @@
-"""Stage 5e (solve), backends: hand a :class:`~autoplan.ilp.formulation.matrix.Matrix` to a solver.
+"""Stages 5c and 5e, the solvers: hand a :class:`~autoplan.ilp.formulation.matrix.Matrix` to a solver.
 
 Input: the matrix, whether to keep integrality (``mip``), a time limit, a
 relative gap, optionally a start vector and a cutoff. Output: a :class:`RunResult` with
@@ -9,9 +9,9 @@ file, CBC runs on it (with the options :func:`_run_cbc` gives, each with its rea
 and writes a solution file with values and reduced costs, which is read back with
 numpy. HiGHS (``highspy``, the optional ``highs`` extra) takes the arrays in memory.
 Why no modelling layer: a Python object per variable is slow to build and write on
-the planner's large ILPs. The bound's LP
-(:mod:`autoplan.ilp.bound.relax`) runs here too: this module needs nothing past the
-formulation.
+the planner's large ILPs. Why beside the sub-packages: the bound's LP
+(:mod:`autoplan.ilp.bound.relax`) and the MIP (:mod:`autoplan.ilp.solver.solve`) both run
+here, and it needs nothing past the formulation.
 """
 
 from __future__ import annotations
