@@ -21,6 +21,8 @@ import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from torch import nn
+
 from autoplan.config import PlanConfig
 from autoplan.constraints import InputPlacements, PinSpec, PlacementSpec, allowed_strategies
 from autoplan.cost.price import price
@@ -40,7 +42,7 @@ def untimed(phase: str) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def prepare(
-    model: Any,
+    model: nn.Module,
     input_fn: Callable[[], Any],
     mesh: DeviceMesh,
     *,

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost
@@ -87,7 +88,7 @@ def _yaml(value: object) -> str:
     )
 
 
-def _differences(run: Run, plan: Plan) -> list[str]:
+def _differences(run: Run, plan: Plan, model: nn.Module) -> list[str]:
     diffs = []
     if tuple(plan.mesh_shape) != run.mesh_shape or tuple(plan.axis_names) != run.axis_names:
         diffs.append(
@@ -100,7 +101,7 @@ def _differences(run: Run, plan: Plan) -> list[str]:
         if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)):
             where = "topology" if key == "topology" else f"plan.{key}"
             diffs.append(f"{where}: plan {a!r}, run file {b!r} (--set {where}={_yaml(a)})")
-    shapes = {n: tuple(p.shape) for n, p in run.build_model().named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     if plan.param_shapes and shapes != {k: tuple(v) for k, v in plan.param_shapes.items()}:
         changed = sorted(
             k
@@ -113,13 +114,14 @@ def _differences(run: Run, plan: Plan) -> list[str]:
     return diffs
 
 
-def check_matches(run: Run, plan: Plan, plan_source: str = "plan") -> None:
-    """Raise :class:`PlanMismatchError` unless ``plan`` was made from ``run``."""
+def check_matches(run: Run, plan: Plan, plan_source: str, model: nn.Module) -> None:
+    """Raise :class:`PlanMismatchError` unless ``plan`` was made from ``run`` (whose model,
+    on the meta device, is ``model``)."""
     if plan.status == "infeasible":
         raise PlanMismatchError(
             f"{plan_source}: the plan is infeasible (no placements to explain); {plan.message}"
         )
-    diffs = _differences(run, plan)
+    diffs = _differences(run, plan, model)
     if diffs:
         raise PlanMismatchError(
             f"{plan_source} was not made from {run.source}: "
@@ -176,8 +178,9 @@ def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -
 def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     """Prepare ``run`` again as the planner did (:func:`autoplan.prepare.prepare`) and read
     ``plan``'s choice into it."""
-    check_matches(run, plan, plan_source)
-    with prepare(**run_arguments(run)) as problem:
+    arguments = run_arguments(run)  # the model built once, for the check and the trace
+    check_matches(run, plan, plan_source, arguments["model"])
+    with prepare(**arguments) as problem:
         return _read_back(run, plan, plan_source, problem)
 
 
