@@ -6,7 +6,7 @@ or a usage error), 3 an internal error (``--debug`` shows its traceback), 130
 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
     autoplan plan CONFIG.yaml [--out plan.json] [--json] [--quiet] [--mm-mode M] [--set k=v]
-    autoplan compare CONFIG.yaml [--json] [--out DIR_OR_FILE] [--set k=v]
+    autoplan compare CONFIG.yaml [--json] [--quiet] [--out DIR_OR_FILE] [--set k=v]
     autoplan collectives [--topology FILE|preset] [--json]
     autoplan diff A.json B.json [--json]
     autoplan validate CONFIG.yaml [--set k=v]
@@ -85,7 +85,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for path in (json_path, png_path):
             if path.is_dir():
                 raise PlanError(f"--out {args.out}: {path} is a directory; give another path")
-    result = compare(run, quiet=args.json, by_kind=bool(args.out))
+    result = compare(run, quiet=args.quiet or args.json, by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
     if args.out:
         title = f"{run.source}: compute and comm per layer kind, mesh {mesh_text(run)}"
@@ -181,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     pc = command("compare", "plan in both mm modes and compare side by side")
     pc.add_argument("config")
     pc.add_argument("--json", action="store_true")
+    pc.add_argument("--quiet", action="store_true", help="no progress lines")
     pc.add_argument(
         "--out", metavar="DIR_OR_FILE", help="write compare.json and a per-kind PNG chart here"
     )

@@ -1,0 +1,131 @@
+"""The README's command lines run as shown: every ``autoplan ...`` line goes through the CLI's
+own parser and runs to the exit code the README gives (a tiny run file where it plans)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from autoplan.cli import _parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+TINY = str(ROOT / "configs" / "tiny.yaml")
+PARAM = "layers.0.attention.wq.weight"
+
+
+def _command_lines(text: str) -> list[str]:
+    """The ``autoplan`` command lines of ``text``'s code blocks: a block of commands only
+    (every line ``autoplan ...``), or the ``$ autoplan ...`` lines of a shell session.
+    Blocks of output (``autoplan plan  mesh: ...`` above a summary) are not commands."""
+    lines = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S):
+        rows = [r for r in block.splitlines() if r.strip()]
+        if any(r.startswith("$ ") for r in rows):
+            lines += [r[2:] for r in rows if r.startswith("$ autoplan ")]
+        elif rows and all(r.startswith("autoplan ") for r in rows):
+            lines += rows
+    return lines
+
+
+def _expected_exit(line: str) -> int:
+    """0, or the code a trailing ``# exits N`` comment gives."""
+    found = re.search(r"#.*\bexits (\d+)", line)
+    return int(found.group(1)) if found else 0
+
+
+def _argvs(line: str, tmp: Path, saved: str) -> list[list[str]]:
+    """The argument lists ``line`` stands for: optional ``[...]`` parts all given, each
+    ``a|b`` alternative once, placeholders and planning run files made tiny."""
+    words = shlex.split(line.split("#")[0])[1:]
+    verb = words[0]
+    words = [w.strip("[]") for w in words]
+    out = []
+    for w in words:
+        if w == "NODE|PARAM":
+            w = PARAM
+        elif w in ("RUN.yaml",) or (w.startswith("configs/") and "topology" not in w):
+            w = TINY
+        elif w == "DIR_OR_FILE":
+            w = str(tmp / "compare-out")
+        elif w.endswith(".json"):
+            w = str(tmp / w) if verb == "plan" else saved  # plan writes it, others read one
+        elif w == "k=v":
+            w = "plan.solver=cbc"  # a no-op override, so that explain's plan still matches
+        out.append(w)
+    variants = [[]]
+    for w in out:
+        options = w.split("|") if "|" in w and not w.startswith("-") else [w]
+        variants = [v + [o] for v in variants for o in options]
+    return variants
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_the_readme_shows_commands_of_every_verb():
+    """The extraction finds the README's synopsis and session lines, one verb each at least."""
+    verbs = {shlex.split(line)[1] for line in _command_lines(README)}
+    assert verbs == set(_subcommands())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> str:
+    """A plan of the tiny run file, saved: what the README's diff and explain lines read."""
+    path = str(tmp_path_factory.mktemp("saved") / "saved.json")
+    assert main(["plan", TINY, "--out", path, "--quiet"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("line", _command_lines(README))
+def test_each_readme_command_line_runs_as_shown(line, saved, tmp_path, capsys):
+    """Each README command line, placeholders filled in, parses and exits as the README says."""
+    capsys.readouterr()
+    for argv in _argvs(line, tmp_path, saved):
+        _parser().parse_args(argv)  # a flag the parser lacks exits here, naming it
+        code, err = main(argv), capsys.readouterr().err
+        assert code == _expected_exit(line), (argv, err[-2000:])
+        if "--quiet" in argv:  # no phase lines: the README says --quiet turns them off
+            assert not any(row.split()[:1] == ["trace"] for row in err.splitlines()), err
+
+
+def _flags_named(text: str) -> set[str]:
+    """The ``--flags`` of ``text``'s code (spans and block lines), but those given to another
+    program (``python ...``, ``torchrun ...``, ``pip ...``)."""
+    code = re.findall(r"`([^`\n]+)`", text) + [
+        line for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S)
+        for line in block.splitlines()
+    ]  # fmt: skip
+    other = ("python ", "torchrun ", "pip ", "$ python", "$ torchrun")
+    return {
+        flag
+        for piece in code
+        if not piece.lstrip().startswith(other)
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", piece)
+    }
+
+
+def test_every_flag_the_readme_names_is_an_option_of_the_cli():
+    """A ``--flag`` the README gives autoplan is an option of one of its verbs, and
+    ``--quiet`` of both plan and compare, as the README says."""
+    commands = _subcommands()
+    known = {opt for parser in commands.values() for opt in parser._option_string_actions}
+    named = _flags_named(README)
+    assert {"--quiet", "--out", "--debug"} <= named and named <= known, named - known
+    for verb in ("plan", "compare"):
+        assert "--quiet" in commands[verb]._option_string_actions, verb
+
+
+def test_compare_quiet_prints_no_progress(capsys):
+    """compare --quiet (without --json, which is quiet anyway) keeps stderr free of phase
+    lines, as plan --quiet does; without it the phases show."""
+    assert main(["compare", TINY, "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "einsum" in captured.out
