@@ -125,7 +125,7 @@ def test_every_flag_the_readme_names_is_an_option_of_the_cli():
 
 def test_compare_quiet_prints_no_progress(capsys):
     """compare --quiet (without --json, which is quiet anyway) keeps stderr free of phase
-    lines, as plan --quiet does; without it the phases show."""
+    lines, as plan --quiet does."""
     assert main(["compare", TINY, "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "einsum" in captured.out
