@@ -182,3 +182,24 @@ def test_no_cbc_anywhere_is_bad_input_before_planning(tmp_path, monkeypatch):
     monkeypatch.setattr(autoplan.prepare, "trace_joint", lambda *a, **k: pytest.fail("traced"))
     ran = cli("plan", _run_file(tmp_path), "--quiet")
     assert_clear(ran, 2, "solver 'cbc' needs a CBC binary", "pulp[cbc]", "solver: highs")
+
+
+def test_a_signal_while_the_solver_starts_leaves_no_child(tmp_path, hanging_cbc, monkeypatch):
+    """Ctrl-C landing inside Popen, after the fork and before Popen returns (a loaded
+    machine schedules the main thread late), still kills and reaps the solver child."""
+    pid_file, tmp = hanging_cbc
+    start = subprocess.Popen._execute_child
+
+    def started_then_interrupted(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not pid_file.read_text().strip():
+            time.sleep(0.02)  # the child runs: its pid file is written
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once, still inside Popen
+
+    pid_file.write_text("")
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", started_then_interrupted)
+    ran = cli("plan", _run_file(tmp_path), "--quiet")
+    assert_clear(ran, 130, "interrupted")
+    assert not _alive(int(pid_file.read_text()))
+    assert list(tmp.iterdir()) == []

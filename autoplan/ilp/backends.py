@@ -16,10 +16,14 @@ here, and it needs nothing past the formulation.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -274,16 +278,56 @@ def read_solution(
     return "stopped", None, dj, y
 
 
+# Signals whose handlers may raise (Ctrl-C, and the CLI's SIGTERM and SIGHUP).
+_INTERRUPTS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _interrupts_held(held: list[int]) -> Iterator[None]:
+    """Inside the block, the interrupting signals are recorded in ``held``, not handled;
+    the previous handlers come back after it. A signal handled inside ``Popen`` would raise
+    after the child started and before the caller owns it, and the child would outlive us.
+    Only the main thread installs handlers, so elsewhere this holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in _INTERRUPTS
+    }
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _deliver(held: list[int]) -> None:
+    """Raise the signals :func:`_interrupts_held` recorded, now handled as they came."""
+    for signum in held:
+        signal.raise_signal(signum)
+
+
 def _owned_run(args: list[str], wait: float | None) -> tuple[int | None, str]:
     """Run ``args`` to completion: (exit code, output), or (None, output) past ``wait`` s.
 
     The child is killed and reaped on every way out of here (the time limit, Ctrl-C, a
-    signal the caller turned into an exception), so no solver outlives the solve.
+    signal the caller turned into an exception, one landing while the child starts), so
+    no solver outlives the solve.
     """
-    with subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as child:
+    held: list[int] = []
+    try:
+        with _interrupts_held(held):
+            child = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+    except BaseException:
+        _deliver(held)  # an interruption outranks the failed start
+        raise
+    with child:
         try:
+            _deliver(held)  # the child is owned now: the finally below stops it
             output, _ = child.communicate(timeout=wait)
         except subprocess.TimeoutExpired:
             return None, ""
