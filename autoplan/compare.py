@@ -19,6 +19,7 @@ from typing import Any
 from autoplan.chart import cost_by_kind, write_chart
 from autoplan.placements import fmt
 from autoplan.plan import PHASES, Plan
+from autoplan.plan_check import MEMORY_CATEGORIES
 from autoplan.rebuild import rebuild
 from autoplan.run_plan import run_plan
 from autoplan.runfile import Run
@@ -95,13 +96,7 @@ def write_compare(result: dict[str, Any], out: str | Path, title: str) -> tuple[
     return json_path, png_path
 
 
-MEMORY_ROWS = (
-    ("parameters", "parameters"),
-    ("gradients", "gradients"),
-    ("optimizer", "optimizer state"),
-    ("activations", "saved activations"),
-    ("transient", "backward transient"),
-)
+MEMORY_ROWS = tuple((key, label) for key, _, label in MEMORY_CATEGORIES)
 
 
 def _mib(value: float | None, breakdown: dict[str, float]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt
-from autoplan.plan_check import STATUSES, plan_fields, read_text
+from autoplan.plan_check import MEMORY_CATEGORIES, STATUSES, plan_fields, read_text
 
 PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
@@ -105,15 +105,7 @@ class Plan:
         if not b:  # a plan saved before the breakdown was recorded
             return f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}"
         parts = " + ".join(
-            f"{label} {_bytes(b[key])}"
-            for key, label in (
-                ("parameters", "params"),
-                ("gradients", "grads"),
-                ("optimizer", "optimizer"),
-                ("activations", "saved activations"),
-                ("transient", "backward transient"),
-            )
-            if key in b
+            f"{label} {_bytes(b[key])}" for key, label, _ in MEMORY_CATEGORIES if key in b
         )
         counted = "params, grads, optimizer" + (
             ", activations"
