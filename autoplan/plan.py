@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan import user_files
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt
 from autoplan.plan_check import MEMORY_CATEGORIES, STATUSES, plan_fields, read_text
@@ -141,8 +142,9 @@ class Plan:
         return json.dumps(_strict(d), indent=1, sort_keys=True, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        """Write the deterministic JSON (no timings); :meth:`load` reads it back."""
-        Path(path).write_text(self.to_json() + "\n")
+        """Write the deterministic JSON (no timings); :meth:`load` reads it back. The file
+        is replaced whole or not at all (:func:`autoplan.user_files.replacing`)."""
+        user_files.write_text(path, self.to_json() + "\n")
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<json>") -> Plan:

@@ -3,7 +3,8 @@
 Input: a :class:`~autoplan.runfile.Run` (already schema-checked) and output paths.
 Output: a :class:`Checked` summary, or a :class:`~autoplan.errors.PlanError` naming
 the key, its value and the fix. Why here: ``validate`` must refuse what ``plan``
-would, and ``plan`` must refuse an unwritable ``--out`` before a long solve, not after.
+would, and ``plan`` must refuse an unwritable ``--out``, or one that is its own run
+file, before a long solve, not after.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt, is_even
 from autoplan.runfile import Run
+from autoplan.user_files import refuse_overwrite
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,15 @@ def _fits(run: Run, key: str, p: Placements, shape: tuple[int, ...], what: str) 
             f"mesh {mesh_text(run)}: each sharded dim must exist (below {len(shape)}) and be a "
             "multiple of the mesh axes sharding it; pick such a dim, or replicate it (R)."
         )
+
+
+def not_an_input(run: Run, flag: str, out: str | Path, *, example: str) -> None:
+    """A PlanError if ``out`` is a file the run was read from (the run file, its topology
+    file): writing there would destroy the command's own input."""
+    inputs = [("run file", run.source)]
+    if run.topology_file is not None:
+        inputs.append(("topology file", run.topology_file))
+    refuse_overwrite(flag, out, inputs, example=example)
 
 
 def writable(path: str | Path, flag: str) -> Path:
