@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from autoplan.errors import PlanError
+from autoplan.inputs import flatten_inputs
 from autoplan.placements import Placements, fmt, is_even
 from autoplan.runfile import Run
 from autoplan.user_files import refuse_overwrite
@@ -45,9 +46,12 @@ def check_run(run: Run, *, summary: bool = False) -> Checked:
     """
     with torch.device("meta"):
         x = run.input_fn()()
-    shape = tuple(x.shape)
-    for i, p in enumerate(run.input_placements):
-        _fits(run, f"inputs.placements[{i}]", p, shape, f"input {i}")
+    keys, tensors = flatten_inputs(x, f"{run.source}'s model inputs")
+    shapes = [tuple(t.shape) for t in tensors]
+    _one_per_input(run, shapes)
+    for i, p in enumerate(run.input_placements):  # none, or one per input
+        _fits(run, f"inputs.placements[{i}]", p, shapes[i], f"input {i}")
+    shape = shapes[0]
     if not (run.pins or run.output_placements or summary):
         return Checked(shape, None)
     model = run.build_model()
@@ -60,6 +64,22 @@ def check_run(run: Run, *, summary: bool = False) -> Checked:
         for i, p in enumerate(run.output_placements):
             _fits(run, f"constraints.output_placements[{i}]", p, out_shape, "the output")
     return Checked(shape, out_shape, sum(p.numel() for p in model.parameters()), params)
+
+
+def _one_per_input(run: Run, shapes: list[tuple[int, ...]]) -> None:
+    """``inputs.placements`` lists one placement per model input, or none (the solver's
+    choice): the model takes the inputs ``shapes`` lists."""
+    given = run.input_placements
+    if not given or len(given) == len(shapes):
+        return
+    inputs = ", ".join(f"input {i} of shape {list(s)}" for i, s in enumerate(shapes))
+    example = ", ".join(f'"{fmt(given[0])}"' for _ in shapes)
+    raise PlanError(
+        f"{run.source}: inputs.placements = [{', '.join(fmt(p) for p in given)}] lists "
+        f"{len(given)} placements, but the model takes {len(shapes)} input"
+        f"{'s' if len(shapes) != 1 else ''} ({inputs}); give one placement per input, e.g. "
+        f"placements: [{example}], or leave placements out to let the planner choose."
+    )
 
 
 def _output_shape(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, ...] | None:
