@@ -1,10 +1,12 @@
-"""Placement helpers shared by every stage: short printing, parsing, local shapes.
+"""Placement helpers shared by every stage: the short form, local shapes.
 
 A *placements* value is a tuple with one DTensor placement per mesh axis, e.g.
-``(Shard(0), Replicate())``, printed ``S(0)R``. ``_StridedShard`` counts as
-sharded everywhere autoplan asks "is this dim sharded" (local shapes, FLOPs,
-memory, redistribution): :func:`sharded_dim` is the one helper for that
-question.
+``(Shard(0), Replicate())``, printed ``S(0)R``. :func:`fmt` and :func:`parse` are the
+one grammar of that form, exact inverses on every placement the planner makes: plan
+files, run files, pins and messages all use it, so what one tool writes the others read
+back as the same placements. ``_StridedShard`` counts as sharded everywhere autoplan asks
+"is this dim sharded" (local shapes, FLOPs, memory, redistribution): :func:`sharded_dim`
+is the one helper for that question.
 """
 
 from __future__ import annotations
