@@ -38,7 +38,7 @@ from autoplan.plan import Plan
 from autoplan.planned_module import PlannedState, install
 from autoplan.trace import LossFn
 
-__all__ = ["full_gradients", "input_placements", "parallelize", "shard_inputs"]
+__all__ = ["check_mesh", "full_gradients", "input_placements", "parallelize", "shard_inputs"]
 
 INPUT_PREFIX = "xs_"  # trace_joint's step(ps, bs, xs): make_fx names inputs xs_1, xs_2, ...
 
@@ -86,7 +86,8 @@ def parallelize(
     is placed as planned like any other and stays frozen: it gets no gradient.
 
     Raises :class:`~autoplan.errors.PlanError` (a ``ValueError``) for an infeasible plan,
-    when ``mesh`` does not have the plan's shape, a parameter is missing from the plan,
+    when ``mesh`` does not have the plan's shape or names its axes otherwise
+    (:func:`check_mesh`), a parameter is missing from the plan,
     has another shape or a placement that does not fit it (another number of mesh axes,
     a dim it lacks), or the plan places a parameter the model lacks (a plan for another
     model), before any tensor is distributed; and ``NotImplementedError`` when a
@@ -97,13 +98,7 @@ def parallelize(
             f"the plan is infeasible, it places nothing: {plan.message or 'no plan fits'} "
             "Plan again with what the message suggests, then apply that plan."
         )
-    if tuple(mesh.shape) != tuple(plan.mesh_shape):
-        raise PlanError(
-            f"mesh shape {tuple(mesh.shape)} does not match the plan's mesh_shape "
-            f"{tuple(plan.mesh_shape)} (axes {plan.axis_names}); build the mesh with "
-            f"init_device_mesh(device, {tuple(plan.mesh_shape)}, mesh_dim_names={plan.axis_names}) "
-            "or plan again for this mesh."
-        )
+    check_mesh(plan, mesh)
     targets = _param_placements(model, plan, mesh.ndim)
     is_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     if is_meta and init_fn is None:
@@ -144,6 +139,34 @@ def parallelize(
     )
     install(model, state)
     return model
+
+
+def check_mesh(plan: Plan, mesh: DeviceMesh) -> None:
+    """A PlanError unless ``mesh`` is the mesh ``plan`` was made for: its shape, and its
+    axis names in order when both name them (an unnamed mesh is taken axis by axis).
+
+    The plan's prices assumed which axis is which (the one spanning nodes pays the
+    network's bandwidth), so a mesh of the same shape with its axes named or ordered
+    otherwise, ``(tp, dp)`` for a plan on ``(dp, tp)``, would run another plan than the
+    one priced.
+    """
+    shape, names = tuple(mesh.shape), mesh.mesh_dim_names
+    build = (
+        f"build the mesh with init_device_mesh(device, {tuple(plan.mesh_shape)}, "
+        f"mesh_dim_names={tuple(plan.axis_names)}), or plan again on this mesh"
+    )
+    if shape != tuple(plan.mesh_shape):
+        raise PlanError(
+            f"mesh shape {shape} does not match the plan's mesh_shape "
+            f"{tuple(plan.mesh_shape)} (axes {plan.axis_names}); {build}."
+        )
+    if names is not None and plan.axis_names and tuple(names) != tuple(plan.axis_names):
+        raise PlanError(
+            f"the mesh's axes are named {tuple(names)} but the plan was made on axes "
+            f"{tuple(plan.axis_names)} (mesh_shape {tuple(plan.mesh_shape)}): its prices "
+            "assumed which axis is which (the one spanning nodes pays the network), so it "
+            f"does not apply to axes named or ordered otherwise; {build}."
+        )
 
 
 def _refuse_unfilled_buffers(model: nn.Module) -> None:
@@ -237,12 +260,14 @@ def shard_inputs(
     ``placements`` is the plan itself (its input placements are used) or one entry per
     input, the same ones passed to ``autoplan.plan`` as ``input_placements``: a tuple of
     DTensor placements or a short string such as ``"S(0)R"`` (a dict keyed like the
-    batch for a dict). Rank 0's values are the source, so ranks need not hold
+    batch for a dict); given the plan, ``mesh`` must be the plan's (:func:`check_mesh`).
+    Rank 0's values are the source, so ranks need not hold
     bitwise-equal batches; each keeps only its shard. A parallelized model takes these
     DTensors, or their ``to_local()`` shards.
     """
     keys, tensors = flatten_inputs(inputs, "shard_inputs' batch")
     if isinstance(placements, Plan):
+        check_mesh(placements, mesh)
         placements = _keyed_placements(placements, keys)
     elif isinstance(placements, Mapping):
         absent = [k for k in keys if k not in placements]

@@ -25,6 +25,7 @@ import re
 from collections import deque
 from pathlib import Path
 
+from autoplan import user_files
 from autoplan.rebuild import Rebuilt
 from autoplan.trace import TracedGraph
 
@@ -137,5 +138,8 @@ def write_chart(
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, format="png", metadata={"Software": None})
-    plt.close(fig)
+    try:
+        with user_files.replacing(path) as tmp:
+            fig.savefig(tmp, format="png", metadata={"Software": None})
+    finally:
+        plt.close(fig)

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from autoplan.compare import compare, format_compare, output_paths, write_compare
 from autoplan.cost.collectives import collective_table
@@ -37,7 +38,7 @@ from autoplan.mesh import fake_mesh
 from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.rebuild import rebuild
-from autoplan.run_checks import check_run, mesh_text, writable
+from autoplan.run_checks import check_run, mesh_text, not_an_input, writable
 from autoplan.run_plan import run_plan
 from autoplan.runfile import load_run, load_topology
 
@@ -51,6 +52,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_run(run)
     if args.out:
         writable(args.out, "--out")
+        not_an_input(run, "--out", args.out, example=Path(run.source).with_suffix(".plan.json"))
     if args.mm_mode:
         run = dataclasses.replace(run, config=dataclasses.replace(run.config, mm_mode=args.mm_mode))
     result = run_plan(run, quiet=args.quiet or args.json)
@@ -85,6 +87,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for path in (json_path, png_path):
             if path.is_dir():
                 raise PlanError(f"--out {args.out}: {path} is a directory; give another path")
+            not_an_input(run, "--out", path, example=Path(run.source).parent / "compare")
     result = compare(run, quiet=args.quiet or args.json, by_kind=bool(args.out))
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_compare(result))
     if args.out:

@@ -16,9 +16,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from autoplan import user_files
 from autoplan.chart import cost_by_kind, write_chart
 from autoplan.placements import fmt
 from autoplan.plan import PHASES, Plan
+from autoplan.plan_check import MEMORY_CATEGORIES
 from autoplan.rebuild import rebuild
 from autoplan.run_plan import run_plan
 from autoplan.runfile import Run
@@ -85,23 +87,18 @@ def output_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def write_compare(result: dict[str, Any], out: str | Path, title: str) -> tuple[Path, Path]:
-    """Write the comparison JSON and its per-kind chart; returns both paths."""
+    """Write the comparison JSON and its per-kind chart, each whole or not at all
+    (:func:`autoplan.user_files.replacing`); returns both paths."""
     json_path, png_path = output_paths(out)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    user_files.write_text(json_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     modes = {m: result[m]["cost_by_kind"] for m in MODES if "cost_by_kind" in result[m]}
     if modes:
         write_chart(modes, png_path, title)
     return json_path, png_path
 
 
-MEMORY_ROWS = (
-    ("parameters", "parameters"),
-    ("gradients", "gradients"),
-    ("optimizer", "optimizer state"),
-    ("activations", "saved activations"),
-    ("transient", "backward transient"),
-)
+MEMORY_ROWS = tuple((key, label) for key, _, label in MEMORY_CATEGORIES)
 
 
 def _mib(value: float | None, breakdown: dict[str, float]) -> str:

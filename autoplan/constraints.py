@@ -24,7 +24,7 @@ import numpy as np
 from torch.distributed.tensor import Placement
 
 from autoplan.errors import PlanError
-from autoplan.placements import Placements, fmt, parse
+from autoplan.placements import Placements, fmt, parse, same
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
@@ -81,7 +81,7 @@ def resolve_pins(
         want = _placements(spec, num_axes, where)
         node = _node_of(name, traced, table)
         ns = table.nodes[node]
-        mask = np.array([s.outs[0] == want for s in ns.strategies], dtype=bool)
+        mask = np.array([same(s.outs[0], want) for s in ns.strategies], dtype=bool)
         if not mask.any():
             shape = list(ns.out_tensors[0].shape) if ns.out_tensors[0] else "?"
             offered = sorted({fmt(s.outs[0]) for s in ns.strategies if s.outs[0] is not None})
@@ -131,7 +131,7 @@ def _constrain(
             continue
         want = _placements(spec, num_axes, f"{what}[{i}]")
         ns = table.nodes[name]
-        mask = np.array([s.outs[0] == want for s in ns.strategies])
+        mask = np.array([same(s.outs[0], want) for s in ns.strategies])
         if not mask.any():
             shape = ns.out_tensors[0].shape if ns.out_tensors[0] else "?"
             raise PlanError(

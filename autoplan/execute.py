@@ -38,7 +38,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.errors import PlanError
 from autoplan.graph import map_args, source_name, tensor_args
-from autoplan.placements import Placements, fmt, is_strided, parse, plain
+from autoplan.placements import Placements, fmt, is_strided, made_by_op_only, parse, plain
 from autoplan.plan import Plan
 from autoplan.strategies.dtensor import flatten_axes, redistribute
 from autoplan.strategies.ops import MM_FAMILY
@@ -111,13 +111,12 @@ class _Step:
 
 
 def _parse_entry(text: str | None, num_axes: int) -> Placements | str | None:
-    """Planned placements from the plan's short form; a masked partial stays a string."""
+    """Planned placements from the plan's short form (:func:`autoplan.placements.parse`);
+    one only its producing op makes stays a string, compared with what the op made."""
     if text is None or text == "-":
         return None
-    try:
-        return parse(text, num_axes)
-    except ValueError:
-        return text  # e.g. "P(sum)" of the vocab-parallel embedding: made only by its op
+    placements = parse(text, num_axes)
+    return text if made_by_op_only(placements) else placements
 
 
 class PlannedGraph:

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan import user_files
 from autoplan.errors import PlanError
 from autoplan.placements import Placements, fmt
-from autoplan.plan_check import STATUSES, plan_fields, read_text
+from autoplan.plan_check import MEMORY_CATEGORIES, STATUSES, plan_fields, read_text
 
 PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
@@ -105,15 +106,7 @@ class Plan:
         if not b:  # a plan saved before the breakdown was recorded
             return f"memory per device (params+grads+optimizer): {_bytes(self.memory_bytes)}"
         parts = " + ".join(
-            f"{label} {_bytes(b[key])}"
-            for key, label in (
-                ("parameters", "params"),
-                ("gradients", "grads"),
-                ("optimizer", "optimizer"),
-                ("activations", "saved activations"),
-                ("transient", "backward transient"),
-            )
-            if key in b
+            f"{label} {_bytes(b[key])}" for key, label, _ in MEMORY_CATEGORIES if key in b
         )
         counted = "params, grads, optimizer" + (
             ", activations"
@@ -149,8 +142,9 @@ class Plan:
         return json.dumps(_strict(d), indent=1, sort_keys=True, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        """Write the deterministic JSON (no timings); :meth:`load` reads it back."""
-        Path(path).write_text(self.to_json() + "\n")
+        """Write the deterministic JSON (no timings); :meth:`load` reads it back. The file
+        is replaced whole or not at all (:func:`autoplan.user_files.replacing`)."""
+        user_files.write_text(path, self.to_json() + "\n")
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<json>") -> Plan:

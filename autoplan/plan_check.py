@@ -20,7 +20,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import MISSING, Field, fields
 from pathlib import Path
@@ -29,16 +28,24 @@ from typing import Any, NoReturn
 from autoplan import user_files
 from autoplan.config import CHECKPOINT_MODES, PlanConfig
 from autoplan.errors import PlanError
-from autoplan.placements import Placements, parse, sharded_dim
+from autoplan.placements import ALLOWED, Placements, parse, sharded_dim
 
 STATUSES = ("optimal", "time_limit", "infeasible")
 NODE_KEYS = ("in", "op", "out")
 COMM_KEYS = ("bytes", "count", "us")
 BUCKET_KEYS = ("axes", "bytes", "kind", "members", "us", "us_alone", "where")
-BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer", "activations", "transient")
+# The categories of Plan.memory_breakdown, the one list of them: (key, label in a plan's
+# summary, label in compare's table). A new category is one line here.
+MEMORY_CATEGORIES = (
+    ("parameters", "params", "parameters"),
+    ("gradients", "grads", "gradients"),
+    ("optimizer", "optimizer", "optimizer state"),
+    ("activations", "saved activations", "saved activations"),
+    ("transient", "backward transient", "backward transient"),
+)
+BREAKDOWN_KEYS = tuple(key for key, _, _ in MEMORY_CATEGORIES)
 TEXT_KEYS = ("message", "solver", "loss_fn", "graph_fingerprint")
 INPUT_PREFIX = "xs_"  # trace_joint names the model's inputs xs_1, xs_2, ...
-_MASKED = re.compile(r"P\(\w+\)")  # a partial other than a plain sum, e.g. P(sum) of a mask
 _ABSENT = object()
 
 
@@ -77,7 +84,7 @@ class _Reader:
     def __init__(self, source: str, out: str) -> None:
         self.source, self.out = source, out
         self.num_axes, self.axes = 0, ()  # the recorded mesh's, once read
-        self.parsed: dict[tuple[str, bool], Placements] = {}  # a plan repeats few strings
+        self.parsed: dict[str, Placements] = {}  # a plan repeats few strings
 
     def fail(self, key: str | None, value: Any, problem: str, valid: str) -> NoReturn:
         """Raise: ``key`` (None: the whole file) holds ``value`` (or is missing), which
@@ -132,21 +139,22 @@ class _Reader:
     def placements(
         self, key: str, value: Any, *, shape: Sequence[int] | None = None, node: bool = False
     ) -> Placements:
-        """One placement per mesh axis, sharding only dims ``shape`` has (when known); a
-        node's entry may be ``-`` (no tensor) or a masked partial ``P(op)``."""
+        """One placement per mesh axis in the grammar the writer uses
+        (:func:`autoplan.placements.parse`), sharding only dims ``shape`` has (when known);
+        a node's entry may be ``-`` (no tensor)."""
         n, example = self.num_axes, _example(self.num_axes)
-        valid = f"give one of S(d), _S(d,k), R, P per mesh axis, e.g. {example}"
+        valid = f"give one of {ALLOWED} per mesh axis, e.g. {example}"
         if not isinstance(value, str):
             self.fail(key, value, "is not a placement string", valid)
         if node and value == "-":
             return ()
-        parsed = self.parsed.get((value, node))
+        parsed = self.parsed.get(value)
         if parsed is None:
             try:
-                parsed = parse(_MASKED.sub("P", value) if node else value)
+                parsed = parse(value)
             except PlanError:
                 self.fail(key, value, "does not parse as placements", valid)
-            self.parsed[value, node] = parsed
+            self.parsed[value] = parsed
         if len(parsed) != n:
             axes = f"{n} axes ({', '.join(self.axes)})"
             problem = f"has {len(parsed)} placements but the mesh has {axes}"

@@ -3,7 +3,8 @@
 Input: a :class:`~autoplan.runfile.Run` (already schema-checked) and output paths.
 Output: a :class:`Checked` summary, or a :class:`~autoplan.errors.PlanError` naming
 the key, its value and the fix. Why here: ``validate`` must refuse what ``plan``
-would, and ``plan`` must refuse an unwritable ``--out`` before a long solve, not after.
+would, and ``plan`` must refuse an unwritable ``--out``, or one that is its own run
+file, before a long solve, not after.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 import torch
 
 from autoplan.errors import PlanError
+from autoplan.inputs import flatten_inputs
 from autoplan.placements import Placements, fmt, is_even
 from autoplan.runfile import Run
+from autoplan.user_files import refuse_overwrite
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,12 @@ def check_run(run: Run, *, summary: bool = False) -> Checked:
     """
     with torch.device("meta"):
         x = run.input_fn()()
-    shape = tuple(x.shape)
-    for i, p in enumerate(run.input_placements):
-        _fits(run, f"inputs.placements[{i}]", p, shape, f"input {i}")
+    keys, tensors = flatten_inputs(x, f"{run.source}'s model inputs")
+    shapes = [tuple(t.shape) for t in tensors]
+    _one_per_input(run, shapes)
+    for i, p in enumerate(run.input_placements):  # none, or one per input
+        _fits(run, f"inputs.placements[{i}]", p, shapes[i], f"input {i}")
+    shape = shapes[0]
     if not (run.pins or run.output_placements or summary):
         return Checked(shape, None)
     model = run.build_model()
@@ -58,6 +64,22 @@ def check_run(run: Run, *, summary: bool = False) -> Checked:
         for i, p in enumerate(run.output_placements):
             _fits(run, f"constraints.output_placements[{i}]", p, out_shape, "the output")
     return Checked(shape, out_shape, sum(p.numel() for p in model.parameters()), params)
+
+
+def _one_per_input(run: Run, shapes: list[tuple[int, ...]]) -> None:
+    """``inputs.placements`` lists one placement per model input, or none (the solver's
+    choice): the model takes the inputs ``shapes`` lists."""
+    given = run.input_placements
+    if not given or len(given) == len(shapes):
+        return
+    inputs = ", ".join(f"input {i} of shape {list(s)}" for i, s in enumerate(shapes))
+    example = ", ".join(f'"{fmt(given[0])}"' for _ in shapes)
+    raise PlanError(
+        f"{run.source}: inputs.placements = [{', '.join(fmt(p) for p in given)}] lists "
+        f"{len(given)} placements, but the model takes {len(shapes)} input"
+        f"{'s' if len(shapes) != 1 else ''} ({inputs}); give one placement per input, e.g. "
+        f"placements: [{example}], or leave placements out to let the planner choose."
+    )
 
 
 def _output_shape(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, ...] | None:
@@ -78,6 +100,15 @@ def _fits(run: Run, key: str, p: Placements, shape: tuple[int, ...], what: str) 
             f"mesh {mesh_text(run)}: each sharded dim must exist (below {len(shape)}) and be a "
             "multiple of the mesh axes sharding it; pick such a dim, or replicate it (R)."
         )
+
+
+def not_an_input(run: Run, flag: str, out: str | Path, *, example: str) -> None:
+    """A PlanError if ``out`` is a file the run was read from (the run file, its topology
+    file): writing there would destroy the command's own input."""
+    inputs = [("run file", run.source)]
+    if run.topology_file is not None:
+        inputs.append(("topology file", run.topology_file))
+    refuse_overwrite(flag, out, inputs, example=example)
 
 
 def writable(path: str | Path, flag: str) -> Path:

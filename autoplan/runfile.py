@@ -63,6 +63,7 @@ class Run:
     config: PlanConfig
     output_placements: tuple[Placements, ...] = ()
     pins: dict[str, Placements] = dataclasses.field(default_factory=dict)
+    topology_file: str | None = None  # the topology YAML the run file names, if any
 
     @property
     def hf_kind(self) -> str | None:
@@ -287,9 +288,11 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
     except (TypeError, ValueError) as exc:
         raise RunFileError(f"{source}: plan: {exc}") from exc
     outputs, pins = _parse_constraints(raw, source, len(shape_t))
+    topology_file = _topology_file(raw.get("topology"), source)
     return Run(
-        source, name, args, batch, seq, placements, shape_t, tuple(names), config, outputs, pins
-    )
+        source, name, args, batch, seq, placements, shape_t, tuple(names), config, outputs, pins,
+        None if topology_file is None else str(topology_file),
+    )  # fmt: skip
 
 
 def _placement_list(source: str, key: str, specs: Any, num_axes: int) -> tuple[Placements, ...]:
@@ -330,15 +333,24 @@ def _parse_constraints(
     return outputs, pins
 
 
+def _topology_file(value: Any, source: str) -> Path | None:
+    """The topology YAML ``value`` names (a path, else beside the run file ``source``), or
+    None for a preset or a mapping."""
+    if not (isinstance(value, str) and value.endswith((".yaml", ".yml"))):
+        return None
+    path = Path(value)
+    if not path.is_absolute() and not path.exists():
+        path = Path(source).parent / value
+    return path
+
+
 def load_topology(value: Any, source: str = "--topology") -> Topology:
     """A topology from a preset name, a mapping, or a topology YAML path."""
     if value is None:
         return Topology()
     try:
-        if isinstance(value, str) and value.endswith((".yaml", ".yml")):
-            path = Path(value)
-            if not path.is_absolute() and not path.exists():
-                path = Path(source).parent / value
+        path = _topology_file(value, source)
+        if path is not None:
             how = "give a preset name (h100, a100, ...) or the path of a topology YAML"
             raw = strict_yaml.load(read_text(path, what="topology file", how=how), str(path))
             return Topology.from_dict(raw, source=str(path))

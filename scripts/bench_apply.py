@@ -51,6 +51,7 @@ from autoplan.apply import input_placements, parallelize, shard_inputs
 from autoplan.cost.topology import Device, Topology
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.plan import Plan
+from autoplan.user_files import write_text
 
 WORLD = 4
 ARGS = ModelArgs(
@@ -211,7 +212,7 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
             if rank == 0:
                 print(case, json.dumps(row), flush=True)
         if rank == 0:
-            Path(out).write_text(json.dumps(rows))
+            write_text(out, json.dumps(rows))
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()

@@ -37,6 +37,7 @@ import autoplan
 from autoplan.apply import parallelize, shard_inputs
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.strategies.dtensor import MemTracker
+from autoplan.user_files import write_text
 
 WORLD, BATCH, SEQ = 4, 8, 32
 # name: (memory_budget_gib, activation_memory, activation_checkpointing, mesh shape, layers)
@@ -108,7 +109,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     )  # fmt: skip
     try:
         results = {name: measure(rank, *setting) for name, setting in SETTINGS.items()}
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        write_text(Path(out, f"rank{rank}.json"), json.dumps(results))
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()

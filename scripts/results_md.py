@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoplan.user_files import write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
@@ -24,4 +26,4 @@ def write_section(path: Path | str, name: str, text: str) -> None:
         new = head + block + ("\n" + tail if tail else "")
     else:
         new = (old.rstrip() + "\n\n" if old.strip() else "") + block
-    path.write_text(new)
+    write_text(path, new)

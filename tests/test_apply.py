@@ -9,16 +9,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
 from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
+from autoplan.errors import PlanError
 from autoplan.execute import collective_counts
 from autoplan.lower import CommCounter
 from autoplan.models.llama3 import Transformer, tiny
@@ -636,6 +638,7 @@ class _FakeMesh:
 
     shape = (2, 2)
     ndim = 2
+    mesh_dim_names = None  # unnamed: taken axis by axis
 
 
 def test_mesh_shape_mismatch_names_both_shapes():
@@ -643,6 +646,25 @@ def test_mesh_shape_mismatch_names_both_shapes():
     model, plan = _unit_plan()
     with pytest.raises(ValueError, match=r"mesh shape \(2, 2\).*mesh_shape \(4,\)"):
         parallelize(model, plan, _FakeMesh())
+
+
+@pytest.mark.parametrize("names", [("tp", "dp"), ("dp", "cp")])
+def test_a_mesh_with_other_axis_names_is_refused(names):
+    """A plan made on (dp, tp) applied to a mesh of the same shape named otherwise (the axes
+    swapped, or another axis): parallelize and shard_inputs name both and the fix."""
+    with torch.device("meta"):
+        model = _mlp()
+    placed = {n: (Shard(0), Replicate()) for n, _ in model.named_parameters()}
+    plan = _hand_plan(model, placed, (2, 2), ("dp", "tp"))
+    mesh = autoplan.fake_mesh((2, 2), names)
+    planned = re.escape("('dp', 'tp')")
+    words = rf"named {re.escape(repr(names))}.*{planned}.*mesh_dim_names={planned}.*plan again"
+    with pytest.raises(PlanError, match=words):
+        parallelize(model, plan, mesh)
+    with pytest.raises(PlanError, match=words):
+        shard_inputs(torch.zeros(4, 32, 64), plan, mesh)
+    assert isinstance(model.layers[0].w1.weight, torch.nn.Parameter)  # nothing placed
+    assert not isinstance(model.layers[0].w1.weight.data, DTensor)
 
 
 def test_missing_and_misshapen_parameters_are_named():

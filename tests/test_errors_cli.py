@@ -124,3 +124,47 @@ def test_internal_error_is_exit_3_with_one_line(run_file, monkeypatch):
     assert "second line" not in ran.err
     debug = cli("plan", run_file, "--quiet", "--debug")
     assert debug.code == 3 and "Traceback" in debug.err and "second line" in debug.err
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    """A folder with run.yaml naming topo.yaml (a copy of a preset file) beside it, the same
+    run as run.json, link.json (a symlink to run.yaml) and an empty folder sub/."""
+    presets = Path(__file__).resolve().parent.parent / "configs" / "topology"
+    (tmp_path / "topo.yaml").write_bytes(sorted(presets.glob("*.yaml"))[0].read_bytes())
+    run = TINY_RUN.replace("topology: h100", "topology: topo.yaml")
+    (tmp_path / "run.yaml").write_text(run)
+    (tmp_path / "run.json").write_text(run)
+    (tmp_path / "link.json").symlink_to(tmp_path / "run.yaml")
+    (tmp_path / "sub").mkdir()
+    return tmp_path
+
+
+# (case id, command, its run file, the --out given, the input file that --out names)
+OVERWRITES = [
+    ("plan-out-run", "plan", "run.yaml", "{tmp}/run.yaml", "run.yaml"),
+    ("plan-out-run-relative", "plan", "{tmp}/run.yaml", "run.yaml", "run.yaml"),
+    ("plan-out-run-other-spelling", "plan", "run.yaml", "{tmp}/sub/../run.yaml", "run.yaml"),
+    ("plan-out-run-symlink", "plan", "run.yaml", "{tmp}/link.json", "run.yaml"),
+    ("plan-out-topology", "plan", "run.yaml", "{tmp}/topo.yaml", "topo.yaml"),
+    ("compare-out-run", "compare", "run.json", "{tmp}/run.json", "run.json"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "config", "out", "victim"),
+    [c[1:] for c in OVERWRITES],
+    ids=[c[0] for c in OVERWRITES],
+)
+def test_out_never_overwrites_an_input(inputs, monkeypatch, command, config, out, victim):
+    """--out naming the run file (any spelling, a symlink) or its topology file is refused
+    before planning, naming both paths and the fix; the input is left byte for byte."""
+    monkeypatch.setattr(autoplan.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway"))
+    monkeypatch.chdir(inputs)
+    before = {p.name: p.read_bytes() for p in inputs.iterdir() if p.is_file()}
+    out = out.replace("{tmp}", str(inputs))
+    ran = cli(command, config.replace("{tmp}", str(inputs)), "--out", out)
+    what = "topology file" if victim == "topo.yaml" else "run file"
+    written = out if command == "plan" else Path(out).with_suffix(".json")  # compare: X.json
+    assert_clear(ran, 2, f"--out {written}", what, victim, "another file")
+    assert {p.name: p.read_bytes() for p in inputs.iterdir() if p.is_file()} == before

@@ -77,6 +77,11 @@ BAD_FILES = [
     ("placement-syntax", _swap('["S(0)R"]', '["X(0)R"]'), ["X(0)R", "allowed per mesh axis"]),
     ("placement-axes", _swap('["S(0)R"]', '["S(0)"]'), ["S(0)", "2"]),
     ("placement-dim", _swap('["S(0)R"]', '["S(5)R"]'), ["inputs.placements[0] = S(5)R", "below 2"]),
+    (
+        "placements-count",
+        _swap('["S(0)R"]', '["S(0)R", "RR"]'),
+        ["inputs.placements = [S(0)R, RR]", "model takes 1 input", "[8, 32]", "one placement"],
+    ),
     ("placement-uneven", _swap("shape: [2, 2]", "shape: [3, 2]"), ["S(0)R", "multiple of"]),
     (
         "output-dim",

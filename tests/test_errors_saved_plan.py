@@ -162,6 +162,14 @@ BAD = {
         edited(lambda d: d.__setitem__("routes", {"no_such_node:0": ["RR"]})),
         ['routes["no_such_node:0"]', "node:slot", *FIX],
     ),
+    "node-partial-of-no-reduction": (
+        edited(lambda d: d["node_placements"]["add"].__setitem__("out", ["P(foo)R"])),
+        ['node_placements["add"]["out"][0] = "P(foo)R"', "does not parse", "P(op)", *FIX],
+    ),
+    "route-sum-spelled-P(sum)": (
+        edited(lambda d: d.__setitem__("routes", {"add:0": ["P(sum)R"]})),
+        ['routes["add:0"][0] = "P(sum)R"', "does not parse", "P (a pending sum)", *FIX],
+    ),
     "config-mm_mode": (
         edited(lambda d: d["config"].__setitem__("mm_mode", "fast")),
         ['config["mm_mode"] = "fast"', "einsum", *FIX],

@@ -25,7 +25,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.topology import Topology
 from autoplan.execute import collective_counts, flatten_mesh_groups, move
-from autoplan.placements import fmt
+from autoplan.placements import fmt, parse
 from autoplan.strategies.dtensor import (
     LocalTensorMode,
     Partial,
@@ -131,6 +131,25 @@ def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
         assert graph._place(avg, "P(avg)P(avg)", "mean") is avg
         with pytest.raises(RuntimeError, match="mean: the plan wants P\\(avg\\)P\\(avg\\)"):
             graph._place(placed(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
+
+
+def test_a_route_through_a_mean_partial_runs_from_the_plan_text():
+    """The 8B plan's route P(avg)P(avg) -> P(avg)S(1) -> S(0)S(1), read from its text, runs
+    hop by hop to the full tensor's shards (the P(avg) the node holds stays a string)."""
+    from autoplan.execute import PlannedGraph, _parse_entry
+
+    mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
+    graph = PlannedGraph.__new__(PlannedGraph)
+    graph.mesh = mesh
+    assert _parse_entry("P(avg)P(avg)", 2) == "P(avg)P(avg)"
+    hop, want = parse("P(avg)S(1)", 2), _parse_entry("S(0)S(1)", 2)  # as execute reads them
+    assert hop == (Partial("avg"), Shard(1)) and want == (Shard(0), Shard(1))
+    with LocalTensorMode(mesh.size()):
+        x = torch.arange(64.0).reshape(SHAPE)
+        avg = placed(x, mesh, (Partial("avg"), Partial("avg")))
+        out = graph._place(avg, want, "add input mean", via=[hop])
+        assert tuple(out.placements) == want
+        assert torch.equal(out.full_tensor(), x)
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (6, 10)])

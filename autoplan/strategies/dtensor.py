@@ -99,6 +99,7 @@ __all__ = [
     "late_input",
     "is_masked_partial",
     "local_shape",
+    "masked_partial",
     "masked_partial_key",
     "op_strategy",
     "partition_joint",
@@ -229,6 +230,14 @@ def masked_partial_key(p: Placement) -> tuple[object, ...]:
     """What identifies a masked partial, without its per-instance mask buffer."""
     assert isinstance(p, _MaskPartial)
     return (p.reduce_op, tuple(p.offset_shape or ()), p.offset_dim)
+
+
+def masked_partial(
+    reduce_op: str, offset_shape: Sequence[int] | None, offset_dim: int
+) -> Placement:
+    """A masked partial as the vocab-parallel embedding makes it (empty mask buffer)."""
+    shape = None if offset_shape is None else torch.Size(offset_shape)
+    return _MaskPartial(reduce_op, offset_shape=shape, offset_dim=offset_dim)
 
 
 def has_op_strategy(op: torch._ops.OpOverload) -> bool:
