@@ -100,6 +100,7 @@ MEMORY_ROWS = (
     ("gradients", "gradients"),
     ("optimizer", "optimizer state"),
     ("activations", "saved activations"),
+    ("output_grad", "output's gradient"),
     ("transient", "backward transient"),
 )
 

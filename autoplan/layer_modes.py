@@ -40,7 +40,7 @@ from torch import fx
 
 from autoplan.components import components
 from autoplan.config import CHECKPOINT_MODES
-from autoplan.cost.activations import activation_memory, storage_root
+from autoplan.cost.activations import activation_memory, cotangent_memory, storage_root
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
@@ -115,6 +115,7 @@ def layer_modes(
     chosen = [recompute_set(traced, m) for m in modes]
     again = [set(names) for names in chosen]
     kept = [activation_memory(traced, table, names) for names in again]
+    held = cotangent_memory(traced, table)  # the outputs' gradients, in every mode
     crossing = {
         storage_root(n).name
         for n in forward
@@ -168,6 +169,8 @@ def layer_modes(
                 found = kept_bytes(v, k)
                 if found is not None:
                     mem += at(mapping, found)
+                if v in held:
+                    mem += at(mapping, held[v])
             for e in folded[r] if r in widths else ():
                 if e.dst in again[k]:
                     src_map, dst_map = reduction.root_of(e.src)[1], reduction.root_of(e.dst)[1]

@@ -35,7 +35,14 @@ STATUSES = ("optimal", "time_limit", "infeasible")
 NODE_KEYS = ("in", "op", "out")
 COMM_KEYS = ("bytes", "count", "us")
 BUCKET_KEYS = ("axes", "bytes", "kind", "members", "us", "us_alone", "where")
-BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer", "activations", "transient")
+BREAKDOWN_KEYS = (
+    "parameters",
+    "gradients",
+    "optimizer",
+    "activations",
+    "output_grad",
+    "transient",
+)
 TEXT_KEYS = ("message", "solver", "loss_fn", "graph_fingerprint")
 INPUT_PREFIX = "xs_"  # trace_joint names the model's inputs xs_1, xs_2, ...
 _MASKED = re.compile(r"P\(\w+\)")  # a partial other than a plain sum, e.g. P(sum) of a mask
