@@ -27,7 +27,9 @@ members at that mode; a value another layer reads stays counted in every mode (t
 other layer's copies may read it), a value outside every layer in all modes where any
 mode keeps it: the memory row is never below the true kept bytes, and equal to them
 where the values other layers read are read by the backward anyway (LLaMA's residual
-stream). The plan is then read out of the exact per-layer recomputation.
+stream). An output's gradient the backward holds
+(:func:`~autoplan.cost.activations.cotangent_memory`) is counted in every mode. The
+plan is then read out of the exact per-layer recomputation.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Input: the traced joint graph and its strategy table. Output: for each forward value the
 backward reads, its bytes per device under each strategy of the node that owns its
-storage.
+storage (:func:`activation_memory`); for each output, the bytes of its gradient the
+backward holds (:func:`cotangent_memory`); and for a chosen plan, the backward's peak
+(:func:`backward_peak`).
 
 Why: the parallelized module splits the joint graph where the forward ends
 (:func:`autoplan.graph.forward_part`, as torch's partitioner does in
@@ -11,7 +13,8 @@ op reads; those stay allocated from their op to the backward, which at long sequ
 most of a step's memory. A moved copy of a value is made in the backward by the op that
 reads it, so a value is kept at its producer's placement. A view keeps its base's
 storage alive, so the base is counted, once; parameters, buffers and inputs are the
-caller's (parameters are priced with their gradients and optimizer state).
+caller's (parameters are priced with their gradients and optimizer state). What is and
+is not counted, and what a loss computed outside is assumed to hold: docs/memory.md.
 """
 
 from __future__ import annotations
