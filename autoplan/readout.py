@@ -19,7 +19,7 @@ import numpy as np
 
 from autoplan.config import PlanConfig
 from autoplan.cost.activations import backward_peak, cotangent_memory
-from autoplan.cost.buckets import plan_buckets, tail_buckets
+from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, state_copies
 from autoplan.cost.redistribute import RedistributeModel
@@ -114,8 +114,8 @@ def read_solution(
     )
     step = stepped or traced
     moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
-    cap = config.bucket_mib * 2**20
-    tail = tail_buckets(step, moved, redist, moved_choice, cap)
+    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20)
+    tail = tail_buckets(merged, moved, table.mesh_shape)
     backward, returned = backward_peak(step, table, moved_choice, tail)
     breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak
     base = base | {
@@ -123,7 +123,7 @@ def read_solution(
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": plan_buckets(step, table, moved, redist, moved_choice, cap),
+        "buckets": plan_buckets(merged, redist),
     }
     return Plan(
         status=status,

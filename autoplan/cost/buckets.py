@@ -3,7 +3,8 @@
 Stage: ``cost/``, after the solve (read out into the plan) and at lowering (the same
 rule decides what ``parallelize`` merges). Input: the chosen strategies' priced moves
 in the order a step issues them. Output: the buckets, each priced as one collective
-of the members' summed size.
+of the members' summed size, and the backward's tail buckets with the flat buffer each
+holds (:func:`tail_buckets`, for the backward's peak memory).
 
 Why: a parameter's gather that reads nothing computed (the forward's *head*) and a
 gradient's reduction that feeds only the optimizer (the backward's *tail*) can run
@@ -22,14 +23,15 @@ from typing import Any
 
 from autoplan.cost.price import TANGENT_SLOT, CostTable
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
 __all__ = [
     "GRAD_SLOT",
     "RESHAPING",
+    "Merged",
     "TailBucket",
     "bucket_groups",
+    "merged_moves",
     "op_name",
     "plan_buckets",
     "tail_buckets",
@@ -102,18 +104,32 @@ class TailBucket:
     out_bytes: float  # the members' results
 
 
-def plan_buckets(
+@dataclass(frozen=True)
+class Merged:
+    """The moves of a chosen plan that run merged (:func:`merged_moves`): each bucket's
+    place (``"head"`` or ``"tail"``) and its members, in issue order."""
+
+    buckets: tuple[tuple[str, tuple[_Move, ...]], ...]
+
+
+def merged_moves(
     traced: TracedGraph,
-    table: StrategyTable,
     costs: CostTable,
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
-) -> list[dict[str, Any]]:
-    """The buckets the chosen plan's head and tail moves run in, each with its member
-    count, bytes, merged price (``us``) and the members' summed price (``us_alone``)."""
+) -> Merged:
+    """The buckets of two or more moves the chosen plan's head and tail moves run in."""
+    return Merged(
+        tuple((w, tuple(ms)) for w, ms in _merged(traced, costs, redist, choice, cap_bytes))
+    )
+
+
+def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, Any]]:
+    """The buckets as the plan records them, each with its member count, bytes, merged
+    price (``us``) and the members' summed price (``us_alone``)."""
     out: list[dict[str, Any]] = []
-    for where, members in _merged(traced, costs, redist, choice, cap_bytes):
+    for where, members in merged.buckets:
         first = members[0]
         nbytes = sum(m.nbytes for m in members)
         p, m = redist.span(first.axes)
@@ -131,20 +147,14 @@ def plan_buckets(
     return out
 
 
-def tail_buckets(
-    traced: TracedGraph,
-    costs: CostTable,
-    redist: RedistributeModel,
-    choice: dict[str, int],
-    cap_bytes: float,
-) -> list[TailBucket]:
-    """The backward's tail buckets of the chosen plan (:func:`plan_buckets`' rule), with
-    the edges whose moves they merge and their flat buffer's bytes."""
+def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) -> list[TailBucket]:
+    """The backward's tail buckets, with the edges of ``costs`` whose moves they merge
+    and their flat buffer's bytes."""
     out = []
-    for where, members in _merged(traced, costs, redist, choice, cap_bytes):
+    for where, members in merged.buckets:
         if where != "tail":
             continue
-        size = math.prod(redist.mesh_shape[a] for a in members[0].axes)
+        size = math.prod(mesh_shape[a] for a in members[0].axes)
         inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
         outputs = [m.nbytes / size if m.kind == "reduce_scatter" else m.nbytes for m in members]
         edges = tuple(
