@@ -136,8 +136,8 @@ def backward_peak(
     from its first reader to its last; a recomputed copy (:mod:`autoplan.recompute`) is
     priced as its original. A tail bucket (``buckets``, :func:`~autoplan.cost.buckets.
     tail_buckets`) allocates its flat buffer when its first member is computed: an
-    all-reduce's holds its members' gradients from then on, a reduce-scatter's its
-    inputs until its last member. Beyond this the step holds the parameters, the
+    all-reduce's holds its members' gradients from then on, a reduce-scatter's their
+    inputs until its last member, where it makes their gradients. Beyond this the step holds the parameters, the
     optimizer state, the kept activations and the cotangents as they arrive
     (:func:`cotangent_memory`), which stay until the backward ends.
     """
@@ -169,9 +169,11 @@ def backward_peak(
         if bucket.kind == "all_reduce":
             paid[first] = paid.get(first, 0.0) + bucket.in_bytes
             covered |= grads
-        elif bucket.kind == "reduce_scatter":
+        elif bucket.kind == "reduce_scatter":  # its results made at its last member
             at[first] = at.get(first, 0.0) + bucket.in_bytes
             frees[end] = frees.get(end, 0.0) + bucket.in_bytes
+            paid[end] = paid.get(end, 0.0) + bucket.out_bytes
+            covered |= grads
     live = peak = returned = 0.0
     for i, n in enumerate(nodes):
         ns = table.nodes.get(source_name(n))
