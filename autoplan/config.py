@@ -33,11 +33,11 @@ class PlanConfig:
     ``_StridedShard`` variants."""
     memory_budget_gib: float | None = None
     """Per-device GiB for parameters + gradients + optimizer state (+ the saved
-    activations with ``activation_memory``); None = no limit."""
+    activations and the output's gradient with ``activation_memory``); None = no limit."""
     activation_memory: bool = False
-    """Count the activations the forward keeps for the backward, at each strategy's local
-    size, in ``memory_budget_gib``. Either way the plan reports them
-    (``Plan.memory_breakdown``)."""
+    """Count the activations the forward keeps for the backward, and the output's gradient
+    the backward holds, at each strategy's local size, in ``memory_budget_gib``. Either
+    way the plan reports them (``Plan.memory_breakdown``)."""
     activation_checkpointing: str = "none"
     """Which activations each layer (a child of an ``nn.ModuleList``) recomputes in the
     backward instead of keeping (see :mod:`autoplan.recompute`): ``"none"``;

@@ -27,7 +27,9 @@ members at that mode; a value another layer reads stays counted in every mode (t
 other layer's copies may read it), a value outside every layer in all modes where any
 mode keeps it: the memory row is never below the true kept bytes, and equal to them
 where the values other layers read are read by the backward anyway (LLaMA's residual
-stream). The plan is then read out of the exact per-layer recomputation.
+stream). An output's gradient the backward holds
+(:func:`~autoplan.cost.activations.cotangent_memory`) is counted in every mode. The
+plan is then read out of the exact per-layer recomputation.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from torch import fx
 
 from autoplan.components import components
 from autoplan.config import CHECKPOINT_MODES
-from autoplan.cost.activations import activation_memory, storage_root
+from autoplan.cost.activations import activation_memory, cotangent_memory, storage_root
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Network
@@ -115,6 +117,7 @@ def layer_modes(
     chosen = [recompute_set(traced, m) for m in modes]
     again = [set(names) for names in chosen]
     kept = [activation_memory(traced, table, names) for names in again]
+    held = cotangent_memory(traced, table)  # the outputs' gradients, in every mode
     crossing = {
         storage_root(n).name
         for n in forward
@@ -168,6 +171,8 @@ def layer_modes(
                 found = kept_bytes(v, k)
                 if found is not None:
                     mem += at(mapping, found)
+                if v in held:
+                    mem += at(mapping, held[v])
             for e in folded[r] if r in widths else ():
                 if e.dst in again[k]:
                     src_map, dst_map = reduction.root_of(e.src)[1], reduction.root_of(e.dst)[1]

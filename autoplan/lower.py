@@ -304,6 +304,8 @@ def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx
         # the partitioner copies into the backward every op its inputs can compute, and
         # keeps them though nothing reads them (a collective among them would run twice)
         g.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
+    _hand_over_read_values(fwd, bwd, num_outputs)
+    for g in (fwd, bwd):
         g.recompile()
     if _collectives(fwd) + _collectives(bwd) != _collectives(gm):
         raise RuntimeError(
@@ -311,6 +313,23 @@ def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx
             f"({dict(_collectives(gm))} became {dict(_collectives(fwd) + _collectives(bwd))})"
         )
     return fwd, bwd
+
+
+def _hand_over_read_values(fwd: fx.GraphModule, bwd: fx.GraphModule, num_outputs: int) -> None:
+    """Stop handing over the saved values no backward op reads. The partitioner saves
+    every forward collective's result that a backward node reads, counting the dead
+    copies of forward ops it puts there: once they are gone, a weight a recomputed layer
+    gathers again would be held through the backward for nothing."""
+    unread = {p.name for p in _placeholders(bwd) if not p.users and not p.name.startswith(_TANGENT)}
+    if not unread:
+        return
+    out = next(n for n in reversed(fwd.graph.nodes) if n.op == "output")
+    values = list(out.args[0])
+    out.args = (values[:num_outputs] + [n for n in values[num_outputs:] if n.name not in unread],)
+    for p in _placeholders(bwd):
+        if p.name in unread:
+            bwd.graph.erase_node(p)
+    fwd.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
 
 
 def _forward_only(forward: fx.GraphModule, num_outputs: int) -> fx.GraphModule:

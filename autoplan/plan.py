@@ -35,11 +35,13 @@ class Plan:
     variables and constraints; ``comm`` the priced collectives by kind
     (count, bytes, microseconds); ``memory_bytes`` the per-device bytes the memory budget
     caps: parameters, gradients and optimizer state, and the activations kept for the
-    backward when the budget counts them (``PlanConfig.activation_memory``, or
-    ``activation_checkpointing="auto"``). ``memory_breakdown`` splits a device's peak
-    bytes into ``parameters``, ``gradients``, ``optimizer``, ``activations`` and
-    ``transient``, the backward's peak beyond them
-    (:func:`autoplan.cost.activations.backward_peak`). ``checkpointing`` maps each layer
+    backward and the output's gradient when the budget counts them
+    (``PlanConfig.activation_memory``, or ``activation_checkpointing="auto"``).
+    ``memory_breakdown`` splits a device's peak bytes into ``parameters``,
+    ``gradients``, ``optimizer``, ``activations`` (the returned output among them),
+    ``output_grad`` (the output's gradient the backward holds,
+    :func:`autoplan.cost.activations.cotangent_memory`) and ``transient``, the backward's
+    peak beyond them (:func:`autoplan.cost.activations.backward_peak`). ``checkpointing`` maps each layer
     to its activation-checkpointing mode and ``recompute`` lists the forward nodes the
     backward computes again (:mod:`autoplan.recompute`). ``routes`` the input moves that
     run as a chain of redistributions (:mod:`autoplan.cost.routes`), keyed

@@ -41,6 +41,7 @@ MEMORY_CATEGORIES = (
     ("gradients", "grads", "gradients"),
     ("optimizer", "optimizer", "optimizer state"),
     ("activations", "saved activations", "saved activations"),
+    ("output_grad", "output's gradient", "output's gradient"),
     ("transient", "backward transient", "backward transient"),
 )
 BREAKDOWN_KEYS = tuple(key for key, _, _ in MEMORY_CATEGORIES)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from autoplan.config import PlanConfig
-from autoplan.cost.activations import backward_peak
-from autoplan.cost.buckets import plan_buckets
+from autoplan.cost.activations import backward_peak, cotangent_memory
+from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, state_copies
 from autoplan.cost.redistribute import RedistributeModel
@@ -109,17 +109,21 @@ def read_solution(
             breakdown["gradients"] += per_tensor
             breakdown["optimizer"] += per_tensor * config.optimizer_states
     breakdown["activations"] = sum(float(a[choice[v]]) for v, a in costs.activations.items())
-    backward, returned = backward_peak(stepped or traced, table, choice)
+    breakdown["output_grad"] = sum(
+        float(a[choice[v]]) for v, a in cotangent_memory(traced, table).items()
+    )
+    step = stepped or traced
     moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
+    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20)
+    tail = tail_buckets(merged, moved, table.mesh_shape)
+    backward, returned = backward_peak(step, table, moved_choice, tail)
     breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak
     base = base | {
         "param_placements": params,
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": plan_buckets(
-            stepped or traced, table, moved, redist, moved_choice, config.bucket_mib * 2**20
-        ),
+        "buckets": plan_buckets(merged, redist),
     }
     return Plan(
         status=status,

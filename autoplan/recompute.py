@@ -27,7 +27,7 @@ import torch
 from torch import fx
 
 from autoplan.config import CHECKPOINT_MODES as MODES
-from autoplan.cost.activations import activation_memory
+from autoplan.cost.activations import activation_memory, cotangent_memory
 from autoplan.cost.price import CostTable
 from autoplan.errors import PlanError
 from autoplan.graph import RECOMPUTES, forward_part, layer_of
@@ -152,11 +152,18 @@ def checkpointed(
 ) -> tuple[CostTable, TracedGraph]:
     """``costs`` with recomputing ``names`` priced (:func:`priced_recompute`) and the
     activations the step then keeps (``activations``; in ``memory`` too when the budget
-    ``counted`` them), and the graph the applied module runs (:func:`with_recompute`)."""
+    ``counted`` them, with the outputs' gradients the backward holds,
+    :func:`~autoplan.cost.activations.cotangent_memory`), and the graph the applied module
+    runs (:func:`with_recompute`)."""
     costs = priced_recompute(costs, names)
     stepped = with_recompute(traced, names)
     kept = activation_memory(stepped, table)
-    memory = costs.memory | kept if counted else costs.memory
+    memory = costs.memory
+    if counted:
+        memory = dict(memory)
+        for terms in (kept, cotangent_memory(traced, table)):
+            for v, a in terms.items():
+                memory[v] = memory[v] + a if v in memory else a
     return replace(costs, memory=memory, activations=kept), stepped
 
 

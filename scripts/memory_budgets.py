@@ -36,7 +36,7 @@ ROWS: list[tuple[str, list[str]]] = [
         H100 + ["plan.activation_checkpointing=auto", "plan.mm_mode=native"],
     )
 ]
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "transient")
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "output_grad", "transient")
 
 
 def _child(config: str, overrides: list[str]) -> None:
@@ -78,8 +78,8 @@ def table(rows: list[dict]) -> str:
     gib = 2**30
     lines = [
         "| run file | mm | budget | checkpointing | status | params | grads | optimizer "
-        "| saved activations | transient | peak GiB | step ms | plan s |",
-        "|---" * 13 + "|",
+        "| saved activations | output's gradient | transient | peak GiB | step ms | plan s |",
+        "|---" * 14 + "|",
     ]
     for r in rows:
         budget = f"{r['budget_gib']:g} GiB " + (
@@ -89,7 +89,7 @@ def table(rows: list[dict]) -> str:
         if r["asked"] == "auto":
             chosen = f"auto -> {chosen}"
         m = r["memory"]
-        cells = [f"{m[c] / gib:.2f}" for c in CATEGORIES] if m else ["-"] * 5
+        cells = [f"{m.get(c, 0.0) / gib:.2f}" for c in CATEGORIES] if m else ["-"] * 6
         peak = f"{sum(m.values()) / gib:.2f}" if m else "-"
         step = f"{r['step_ms']:.1f}" if r["status"] != "infeasible" else "-"
         lines.append(

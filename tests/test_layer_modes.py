@@ -112,7 +112,8 @@ def test_auto_mixes_modes_across_layers_when_that_is_cheaper():
     assert auto.memory_bytes + auto.memory_breakdown["transient"] <= budget * 2**30
     for mode in CHECKPOINT_MODES:
         uniform = _plan(budget, mode)
-        if uniform.status != "infeasible":
+        peak = uniform.memory_bytes + uniform.memory_breakdown.get("transient", 0.0)
+        if uniform.status != "infeasible" and peak <= budget * 2**30:  # a plan that fits
             assert auto.objective_us < uniform.objective_us, mode
     full = [n for n in auto.recompute if auto.node_placements[n]["op"] == "aten.einsum.default"]
     assert full  # a full layer's matmuls run again

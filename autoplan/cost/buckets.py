@@ -3,7 +3,8 @@
 Stage: ``cost/``, after the solve (read out into the plan) and at lowering (the same
 rule decides what ``parallelize`` merges). Input: the chosen strategies' priced moves
 in the order a step issues them. Output: the buckets, each priced as one collective
-of the members' summed size.
+of the members' summed size, and the backward's tail buckets with the flat buffer each
+holds (:func:`tail_buckets`, for the backward's peak memory).
 
 Why: a parameter's gather that reads nothing computed (the forward's *head*) and a
 gradient's reduction that feeds only the optimizer (the backward's *tail*) can run
@@ -15,16 +16,26 @@ price); the plan reports the buckets and their price, and the lowered step runs 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autoplan.cost.price import TANGENT_SLOT, CostTable
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["GRAD_SLOT", "RESHAPING", "bucket_groups", "op_name", "plan_buckets"]
+__all__ = [
+    "GRAD_SLOT",
+    "RESHAPING",
+    "Merged",
+    "TailBucket",
+    "bucket_groups",
+    "merged_moves",
+    "op_name",
+    "plan_buckets",
+    "tail_buckets",
+]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
 MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each
@@ -81,16 +92,87 @@ class _Move:
     hop: int
 
 
-def plan_buckets(
+@dataclass(frozen=True)
+class TailBucket:
+    """Backward collectives that feed only the gradients, run as one over a flat buffer
+    that holds every member's input from the first member's on (as lowering fills it):
+    each member moves the value of ``edges[i]`` (its source, destination and slot)."""
+
+    kind: str
+    edges: tuple[tuple[str, str, int], ...]
+    in_bytes: float  # the flat buffer: the members' inputs
+    out_bytes: float  # the members' results
+
+
+@dataclass(frozen=True)
+class Merged:
+    """The moves of a chosen plan that run merged (:func:`merged_moves`): each bucket's
+    place (``"head"`` or ``"tail"``) and its members, in issue order."""
+
+    buckets: tuple[tuple[str, tuple[_Move, ...]], ...]
+
+
+def merged_moves(
     traced: TracedGraph,
-    table: StrategyTable,
     costs: CostTable,
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
-) -> list[dict[str, Any]]:
-    """The buckets the chosen plan's head and tail moves run in, each with its member
-    count, bytes, merged price (``us``) and the members' summed price (``us_alone``)."""
+) -> Merged:
+    """The buckets of two or more moves the chosen plan's head and tail moves run in."""
+    return Merged(
+        tuple((w, tuple(ms)) for w, ms in _merged(traced, costs, redist, choice, cap_bytes))
+    )
+
+
+def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, Any]]:
+    """The buckets as the plan records them, each with its member count, bytes, merged
+    price (``us``) and the members' summed price (``us_alone``)."""
+    out: list[dict[str, Any]] = []
+    for where, members in merged.buckets:
+        first = members[0]
+        nbytes = sum(m.nbytes for m in members)
+        p, m = redist.span(first.axes)
+        out.append(
+            {
+                "kind": first.kind,
+                "where": where,
+                "axes": list(first.axes),
+                "members": len(members),
+                "bytes": nbytes,
+                "us": redist.collectives.time_us(first.kind, nbytes, p, m),
+                "us_alone": sum(x.us for x in members),
+            }
+        )
+    return out
+
+
+def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) -> list[TailBucket]:
+    """The backward's tail buckets, with the edges of ``costs`` whose moves they merge
+    and their flat buffer's bytes."""
+    out = []
+    for where, members in merged.buckets:
+        if where != "tail":
+            continue
+        size = math.prod(mesh_shape[a] for a in members[0].axes)
+        inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
+        outputs = [m.nbytes / size if m.kind == "reduce_scatter" else m.nbytes for m in members]
+        edges = tuple(
+            (costs.edges[m.edge].src, costs.edges[m.edge].dst, costs.edges[m.edge].slot)
+            for m in members
+        )
+        out.append(TailBucket(members[0].kind, edges, sum(inputs), sum(outputs)))
+    return out
+
+
+def _merged(
+    traced: TracedGraph,
+    costs: CostTable,
+    redist: RedistributeModel,
+    choice: dict[str, int],
+    cap_bytes: float,
+) -> list[tuple[str, list[_Move]]]:
+    """Each bucket of two or more moves: ``"head"`` or ``"tail"``, and its members."""
     if cap_bytes <= 0:
         return []
     nodes = list(traced.gm.graph.nodes)
@@ -126,7 +208,7 @@ def plan_buckets(
             moves.append(
                 _Move(order, where, program, kind, axes, nbytes, us, e.tensor.dtype_bytes, k, hop)
             )
-    out: list[dict[str, Any]] = []
+    out: list[tuple[str, list[_Move]]] = []
     # each program merges its own collectives: its head ones, then its tail ones
     for where, program in (("head", "forward"), ("head", "backward"), ("tail", "backward")):
         items = sorted(
@@ -136,23 +218,8 @@ def plan_buckets(
         upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
         keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
         for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
-            if len(group) < 2:
-                continue
-            members = [items[i] for i in group]
-            first = members[0]
-            nbytes = sum(m.nbytes for m in members)
-            p, m = redist.span(first.axes)
-            out.append(
-                {
-                    "kind": first.kind,
-                    "where": where,
-                    "axes": list(first.axes),
-                    "members": len(members),
-                    "bytes": nbytes,
-                    "us": redist.collectives.time_us(first.kind, nbytes, p, m),
-                    "us_alone": sum(x.us for x in members),
-                }
-            )
+            if len(group) > 1:
+                out.append((where, [items[i] for i in group]))
     return out
 
 
