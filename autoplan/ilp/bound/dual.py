@@ -103,7 +103,10 @@ class _Ascent:
 
     def __init__(self, p: Problem) -> None:
         self.p = p
-        self.deadline: float | None = None  # perf_counter time at which sweeping stops
+        # perf_counter time at which sweeping stops (the user's time_limit_s), and whether it
+        # did: a bound cut by the clock is valid but not reproducible
+        self.deadline: float | None = None
+        self.out_of_time = False
         self.names = list(p.linear)
         pos = {r: n for n, r in enumerate(self.names)}
         self.lam = 0.0
@@ -189,10 +192,29 @@ class _Ascent:
             now = self.bound()
             if not math.isfinite(now) or now - last <= rise * max(1.0, abs(now)):
                 return n  # an infinite bound: some edge has no possible move
-            if self.deadline is not None and time.perf_counter() > self.deadline:
+            if self._past_deadline():
                 return n  # out of time: the bound so far is as valid
             last = now
         return _MAX_SWEEPS
+
+    def seed(self, dual: Dual) -> None:
+        """Start from the messages and multiplier of ``dual``, an ascent on a problem
+        this one restricts (the same edges and groups, fewer strategies allowed): each
+        end takes the messages of its groups still present. Any messages give a valid
+        bound; these give this problem at least the bound they gave that one."""
+        self.set_lam(dual.lam)
+        for r, ends in self.ends.items():
+            for end in ends:
+                full = dual.a[end.k] if end.axis == 0 else dual.b[end.k]
+                c = full[end.present]
+                c = np.where(np.isfinite(c), c, 0.0)
+                self.theta[r] += c[end.local]
+                end.take(c)
+
+    def _past_deadline(self) -> bool:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.out_of_time = True
+        return self.out_of_time
 
     def snapshot(self) -> tuple:
         msgs = [(s.msg.copy(), d.msg.copy()) for s, d in self.pairs]
@@ -217,11 +239,17 @@ class _Ascent:
 
 class Ascent:
     """Dual ascent on one problem: :meth:`raise_bound` first (or from ``warm``, the state
-    of an ascent on the same problem under another budget), :meth:`refine` at a known
-    memory multiplier after, :meth:`result` at any point."""
+    of an ascent on the same problem under another budget, or from ``seed``, the result
+    of one on a problem this one restricts), :meth:`refine` at a known memory multiplier
+    after, :meth:`result` at any point."""
 
     def __init__(
-        self, p: Problem, *, time_limit_s: float | None = None, warm: Warm | None = None
+        self,
+        p: Problem,
+        *,
+        time_limit_s: float | None = None,
+        warm: Warm | None = None,
+        seed: Dual | None = None,
     ) -> None:
         self._st = _Ascent(p)
         if time_limit_s is not None:
@@ -230,6 +258,8 @@ class Ascent:
         self.warmed = warm is not None and _fits(self._st.snapshot(), warm.snapshot)
         if self.warmed:
             self._st.restore(warm.snapshot)
+        elif seed is not None:
+            self._st.seed(seed)
 
     def raise_bound(self) -> None:
         """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a
@@ -256,6 +286,12 @@ class Ascent:
 
     def result(self) -> Dual:
         return _finish(self._st, self.sweeps)
+
+    @property
+    def out_of_time(self) -> bool:
+        """Whether the time limit stopped the sweeps (the bound is valid, but another run
+        could reach another one)."""
+        return self._st.out_of_time
 
 
 def _fits(mine: tuple, theirs: tuple) -> bool:
@@ -307,7 +343,7 @@ def _search_lam(st: _Ascent) -> int:
     for _ in range(_LAMBDA_STEPS):
         if abs(gb) <= LAMBDA_FOUND * b or b == a:
             break
-        if st.deadline is not None and time.perf_counter() > st.deadline:
+        if st._past_deadline():
             break
         c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
         if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
