@@ -197,18 +197,30 @@ class _Ascent:
             last = now
         return _MAX_SWEEPS
 
-    def seed(self, dual: Dual) -> None:
-        """Start from the messages and multiplier of ``dual``, an ascent on a problem
-        this one restricts (the same edges and groups, fewer strategies allowed): each
-        end takes the messages of its groups still present. Any messages give a valid
-        bound; these give this problem at least the bound they gave that one."""
+    def seed(self, dual: Dual, other: Problem) -> None:
+        """Start from the messages and multiplier of ``dual``, an ascent on ``other``, a
+        problem built from the same cost table (the same model tied, or this one with
+        more strategies allowed). Each edge here takes the messages of the edge there that
+        stands for its first cost-table edge, read through a strategy of each of its
+        groups and split over the edges that edge stands for. Any messages give a valid
+        bound; these give a restriction of ``other`` at least the bound they gave it, and
+        an untied copy of a tied model nearly that."""
         self.set_lam(dual.lam)
-        for r, ends in self.ends.items():
-            for end in ends:
-                full = dual.a[end.k] if end.axis == 0 else dual.b[end.k]
-                c = full[end.present]
+        edge_of = {j: k for k, e in enumerate(other.edges) for j in e.sources}
+        for mine, e in enumerate(self.p.edges):
+            k = edge_of.get(e.sources[0]) if e.sources else None
+            if k is None:
+                continue  # folded away there: no messages to take
+            theirs = other.edges[k]
+            scale = len(e.sources) / len(theirs.sources)
+            for end in self.pairs[mine]:
+                full = dual.a[k] if end.axis == 0 else dual.b[k]
+                group = theirs.src_group if end.axis == 0 else theirs.dst_group
+                at = group[end.order[end.starts]]  # there, the group of one strategy of each
+                c = np.where(at >= 0, full[np.maximum(at, 0)], 0.0) * scale
                 c = np.where(np.isfinite(c), c, 0.0)
-                self.theta[r] += c[end.local]
+                cls = e.src if end.axis == 0 else e.dst
+                self.theta[cls] += c[end.local]
                 end.take(c)
 
     def _past_deadline(self) -> bool:
@@ -240,8 +252,8 @@ class _Ascent:
 class Ascent:
     """Dual ascent on one problem: :meth:`raise_bound` first (or from ``warm``, the state
     of an ascent on the same problem under another budget, or from ``seed``, the result
-    of one on a problem this one restricts), :meth:`refine` at a known memory multiplier
-    after, :meth:`result` at any point."""
+    of one on another problem of the same cost table and that problem), :meth:`refine` at
+    a known memory multiplier after, :meth:`result` at any point."""
 
     def __init__(
         self,
@@ -249,7 +261,7 @@ class Ascent:
         *,
         time_limit_s: float | None = None,
         warm: Warm | None = None,
-        seed: Dual | None = None,
+        seed: tuple[Dual, Problem] | None = None,
     ) -> None:
         self._st = _Ascent(p)
         if time_limit_s is not None:
@@ -259,7 +271,7 @@ class Ascent:
         if self.warmed:
             self._st.restore(warm.snapshot)
         elif seed is not None:
-            self._st.seed(seed)
+            self._st.seed(*seed)
 
     def raise_bound(self) -> None:
         """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a

@@ -98,7 +98,8 @@ class Relaxation:
     ``seconds`` the time it took; ``warm`` the state its dual ascent ended in;
     ``out_of_time`` whether the time limit cut a step short (everything here is still
     valid, but another run could find another bound or plan); ``dual`` the dual
-    ascent's result, which seeds the ascent on a restriction of this model.
+    ascent's result, which seeds the ascent on a restriction or an untied copy of this
+    model.
     """
 
     bound: float = math.nan
@@ -136,7 +137,7 @@ def relax(
     solver: str = "cbc",
     time_limit_s: float | None = None,
     start: Mapping[str, int] | None = None,
-    seed: Dual | None = None,
+    seed: tuple[Dual, Problem] | None = None,
     enough: float = math.inf,
 ) -> Relaxation:
     """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
@@ -144,8 +145,8 @@ def relax(
     drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.bound.dual`); when
     no plan can be decoded from it, from the LP relaxation solved by ``solver``.
     :func:`~autoplan.ilp.solver.solve.solve` polishes the incumbent when no cheaper plan is
-    known from elsewhere. ``seed`` (the dual of a model this one restricts) starts the
-    ascent; a bound of ``enough`` or more is returned at once, alone (the caller only
+    known from elsewhere. ``seed`` (the dual of a model of the same cost table, and that
+    model's problem: the model tied, or one this one restricts) starts the ascent; a bound of ``enough`` or more is returned at once, alone (the caller only
     needs to know that no plan here is cheaper)."""
     check_solver(solver)
     began = time.perf_counter()

@@ -69,8 +69,8 @@ class Outcome:
     out_of_time: bool = False
 
 
-# relax(model, the relaxation of the model it restricts, a bound that is enough to prune)
-Relax = Callable[[IlpModel, Relaxation, float], Relaxation]
+# relax(model, the model it restricts, that one's relaxation, a bound enough to prune it)
+Relax = Callable[[IlpModel, IlpModel, Relaxation, float], Relaxation]
 Leaf = Callable[[IlpModel, Relaxation, float], Outcome]
 
 
@@ -183,7 +183,7 @@ def branch_modes(
             if child is None:
                 continue
             cap = upper()
-            crel = relax(child, rel, cap - mip_gap * abs(cap))
+            crel = relax(child, node, rel, cap - mip_gap * abs(cap))
             relaxations += 1
             out_of_time |= crel.out_of_time
             if crel.choice is not None and crel.upper < best_cost:

@@ -41,8 +41,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autoplan.ilp.backends import check_solver, run
+from autoplan.ilp.bound.dual import Dual
 from autoplan.ilp.bound.relax import Relaxation, class_values, relax, start_vector, valid_cost
 from autoplan.ilp.formulation.build import IlpModel, Warm
+from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.solver.modes import Outcome, branch_modes, mode_groups
 from autoplan.ilp.tolerances import GAP_NOISE, LP_NONZERO
 
@@ -216,6 +218,7 @@ def solve(
     relaxed: Relaxation | None = None,
     cutoff: float = math.inf,
     max_nodes: int | None = None,
+    seed: tuple[Dual, Problem] | None = None,
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable.
 
@@ -228,7 +231,8 @@ def solve(
     :mod:`autoplan.ilp.untying.untie`): the MIP then only looks for plans cheaper than
     it, and the plan returned may cost more than ``cutoff`` (the incumbent, when no
     cheaper plan exists). ``max_nodes`` caps each MIP's branch-and-bound nodes; the
-    solution then says ``node_limit``.
+    solution then says ``node_limit``. ``seed`` starts the relaxation's dual ascent (see
+    :func:`relax`).
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -260,7 +264,7 @@ def solve(
     pre = Relaxation()
     if fixing:
         if relaxed is None:
-            relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, start=start)
+            relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, start=start, seed=seed)
         pre = relaxed
         if cutoff >= pre.upper:  # a better incumbent still makes the fixing stronger
             pre = _polish(model, solver, pre, left())
@@ -306,6 +310,8 @@ def _search(
     model has them and a relaxation to branch from, else one MIP."""
 
     def leaf(node: IlpModel, rel: Relaxation, cost: float) -> Outcome:
+        if rel is not pre:  # a branch's own incumbent, polished as the root's was
+            rel = _polish(node, solver, rel, left())
         return _mip(
             node,
             rel,
@@ -324,8 +330,12 @@ def _search(
         pre,
         below=below,
         mip_gap=mip_gap,
-        relax=lambda node, parent, enough: relax(
-            node, solver=solver, time_limit_s=left(), seed=parent.dual, enough=enough
+        relax=lambda node, parent, rel, enough: relax(
+            node,
+            solver=solver,
+            time_limit_s=left(),
+            seed=(rel.dual, parent.reduced) if rel.dual is not None else None,
+            enough=enough,
         ),
         leaf=leaf,
     )

@@ -148,6 +148,7 @@ def untie_under_budget(
             mip_gap=max(mip_gap, _CLOSE),
             start=best,
             max_nodes=_PASS_NODES,
+            seed=(relaxed.dual, p) if relaxed.dual is not None else None,
         )
         spent += found.solve_seconds
         out_of_time |= found.status == "time_limit"
