@@ -273,12 +273,13 @@ class Ascent:
         elif seed is not None:
             self._st.seed(*seed)
 
-    def raise_bound(self) -> None:
+    def raise_bound(self, enough: float = math.inf) -> None:
         """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a
-        warm start, sweeps at its multiplier only (the refinement then moves it)."""
+        warm start, sweeps at its multiplier only (the refinement then moves it). Stops
+        once the bound reaches ``enough`` (the caller only needs to know it does)."""
         self.sweeps += self._st.converge()
-        if budget_can_bind(self._st.p) and not self.warmed:
-            self.sweeps += _search_lam(self._st)
+        if budget_can_bind(self._st.p) and not self.warmed and self._st.bound() < enough:
+            self.sweeps += _search_lam(self._st, enough)
 
     def warm(self) -> Warm:
         """The state to start an ascent on this problem under another budget from."""
@@ -328,8 +329,9 @@ def ascend(p: Problem) -> Dual:
     return ascent.result()
 
 
-def _search_lam(st: _Ascent) -> int:
-    """Find λ where the bound, maximized over the messages, peaks; returns the sweeps.
+def _search_lam(st: _Ascent, enough: float = math.inf) -> int:
+    """Find λ where the bound, maximized over the messages, peaks (or one where it
+    reaches ``enough``); returns the sweeps.
 
     With the messages converged at λ, the λ that is best for them
     (:func:`~autoplan.ilp.bound.memory_price.best_lam`) lies on the side of the peak:
@@ -353,7 +355,7 @@ def _search_lam(st: _Ascent) -> int:
     b = ga
     gb = g(b) if b > 0 else 0.0
     for _ in range(_LAMBDA_STEPS):
-        if abs(gb) <= LAMBDA_FOUND * b or b == a:
+        if abs(gb) <= LAMBDA_FOUND * b or b == a or best[0] >= enough:
             break
         if st._past_deadline():
             break

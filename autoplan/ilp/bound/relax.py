@@ -154,7 +154,7 @@ def relax(
     if model.infeasible or not m.num_cols:
         return Relaxation()
     ascent = Ascent(p, time_limit_s=time_limit_s, warm=model.warm, seed=seed)
-    ascent.raise_bound()
+    ascent.raise_bound(enough)
     dual = ascent.result()
     if dual.bound >= enough:
         stats = {"bound_us": dual.bound, "sweeps": float(dual.sweeps)}

@@ -124,7 +124,9 @@ def untie_under_budget(
     spent += time.perf_counter() - began
     if mixed is not None and mixed[1] < cost - ROUNDING_RTOL * max(1.0, abs(cost)):
         best, cost = mixed  # cheaper by more than a float sum's order
-    for everywhere in (False, True):
+    # With checkpointing modes in the ILP the first pass is left out: it holds every node
+    # but the weights at the LP's strategies, and splitting a layer group's mode needs others.
+    for everywhere in (True,) if p.blocks else (False, True):
         gap = cost - relaxed.bound
         if gap <= _CLOSE * abs(cost):
             break  # the mix, or the first pass, is within _CLOSE of the tied bound
