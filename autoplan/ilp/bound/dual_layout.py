@@ -27,7 +27,13 @@ class End:
         self.bad = (group < 0) & ok  # an allowed strategy with no group cannot be chosen
         members = np.flatnonzero(ok & (group >= 0))
         self.order = members[np.argsort(group[members], kind="stable")]
-        self.present, self.starts = np.unique(group[self.order], return_index=True)
+        # the distinct groups in order and where each begins (np.unique of a sorted array,
+        # without its sort: an end is made per edge per ascent)
+        ordered = group[self.order]
+        self.starts = (
+            np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else ordered
+        )
+        self.present = ordered[self.starts]
         local = np.zeros(int(group.max(initial=0)) + 1, dtype=np.int64)
         local[self.present] = np.arange(len(self.present))
         self.local = local[self.safe]  # compact group of each strategy (0 if none)

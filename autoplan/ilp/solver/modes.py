@@ -39,7 +39,7 @@ import numpy as np
 
 from autoplan.ilp.bound.relax import Relaxation
 from autoplan.ilp.formulation.build import IlpModel
-from autoplan.ilp.formulation.matrix import emit
+from autoplan.ilp.formulation.matrix import Emitted, Flow
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.tolerances import LP_USED
 
@@ -118,10 +118,11 @@ def restrict(model: IlpModel, members: list[str], mode: int) -> IlpModel | None:
     """``model`` with the classes ``members`` (a group) in mode ``mode`` only; None when
     the budget rules out every plan left.
 
-    The edges stay as they are, groups no allowed strategy maps to included: a plan
-    cannot use those (their columns get an infinite price, and the fixing leaves them
-    out), and the ascent on the restriction can start from the model's messages, which
-    are over the same groups (``seed`` of :func:`~autoplan.ilp.bound.relax.relax`).
+    The matrix is the model's without the columns of the strategies left out: the same
+    rows, the edges as they are (a group no allowed strategy maps to is a row that holds
+    its moves at 0, and their price is infinite, so the fixing leaves them out), and the
+    ascent on the restriction can start from the model's messages, which are over the
+    same groups (``seed`` of :func:`~autoplan.ilp.bound.relax.relax`).
     """
     p = model.reduced
     linear = dict(p.linear)
@@ -129,12 +130,34 @@ def restrict(model: IlpModel, members: list[str], mode: int) -> IlpModel | None:
         width = p.blocks[r][1]
         block = np.arange(len(linear[r])) // width
         linear[r] = np.where(block == mode, linear[r], np.inf)
+    if p.budget is not None and p.memory:
+        least = sum(float(m[np.isfinite(linear[r])].min()) for r, m in p.memory.items())
+        if least > p.budget:
+            return None
     q = replace(p, linear=linear, edges=list(p.edges))
-    emitted = emit(q)
-    if emitted.infeasible:
-        return None
     allowed = {v: np.isfinite(q.linear[r]) for v, r in q.rep.items()}
-    return IlpModel(emitted, q, allowed, dict(model.stats))
+    return IlpModel(_without(model.emitted, linear), q, allowed, dict(model.stats))
+
+
+def _without(em: Emitted, linear: dict[str, np.ndarray]) -> Emitted:
+    """``em`` without the columns of the strategies ``linear`` no longer allows; every
+    strategy column comes before every edge column, so the edges' shift by one count."""
+    keep = np.ones(em.matrix.num_cols, dtype=bool)
+    for r, cols in em.class_cols.items():
+        keep[cols[(cols >= 0) & ~np.isfinite(linear[r])]] = False
+    new = np.cumsum(keep) - 1  # a kept column's place among the kept
+    gone = int((~keep).sum())
+    class_cols = {
+        r: np.where(cols >= 0, np.where(keep[cols], new[cols], -1), -1)
+        for r, cols in em.class_cols.items()
+    }
+    edge_cols: list[np.ndarray | Flow] = [
+        replace(c, first_col=c.first_col - gone)
+        if isinstance(c, Flow)
+        else np.where(c >= 0, c - gone, -1)
+        for c in em.edge_cols
+    ]
+    return Emitted(em.matrix.columns(keep), class_cols, edge_cols, em.infeasible, dict(em.fixed))
 
 
 def branch_modes(
