@@ -201,18 +201,22 @@ class _Ascent:
         """Start from the messages and multiplier of ``dual``, an ascent on ``other``, a
         problem built from the same cost table (the same model tied, or this one with
         more strategies allowed). Each edge here takes the messages of the edge there that
-        stands for its first cost-table edge, read through a strategy of each of its
-        groups and split over the edges that edge stands for. Any messages give a valid
+        stands for its first cost-table edge (or is this one, for a restriction), read
+        through a strategy of each of its groups and split over the edges that edge
+        stands for. Any messages give a valid
         bound; these give a restriction of ``other`` at least the bound they gave it, and
         an untied copy of a tied model nearly that."""
         self.set_lam(dual.lam)
+        shared = {id(e): k for k, e in enumerate(other.edges)}  # a restriction's own edges
         edge_of = {j: k for k, e in enumerate(other.edges) for j in e.sources}
         for mine, e in enumerate(self.p.edges):
-            k = edge_of.get(e.sources[0]) if e.sources else None
+            k = shared.get(id(e))
+            if k is None and e.sources:
+                k = edge_of.get(e.sources[0])
             if k is None:
                 continue  # folded away there: no messages to take
             theirs = other.edges[k]
-            scale = len(e.sources) / len(theirs.sources)
+            scale = 1.0 if theirs is e else len(e.sources) / len(theirs.sources)
             for end in self.pairs[mine]:
                 full = dual.a[k] if end.axis == 0 else dual.b[k]
                 group = theirs.src_group if end.axis == 0 else theirs.dst_group

@@ -195,7 +195,7 @@ def branch_modes(
         if group is None:
             found = leaf(node, rel, cap)
             out_of_time |= found.out_of_time
-            if found.choice is not None and found.cost < best_cost:
+            if found.choice is not None and found.cost < upper():
                 best, best_cost = found.choice, found.cost
             if found.status not in ("optimal", "infeasible"):
                 status = max(status, found.status, key=_RANK.__getitem__)
@@ -209,7 +209,7 @@ def branch_modes(
             crel = relax(child, node, rel, cap - mip_gap * abs(cap))
             relaxations += 1
             out_of_time |= crel.out_of_time
-            if crel.choice is not None and crel.upper < best_cost:
+            if crel.choice is not None and crel.upper < upper():  # below what it must beat
                 best, best_cost = crel.choice, crel.upper
             entry = (_bound(crel, bound), made, child, crel, fixed | {group})
             heapq.heappush(heap, entry)

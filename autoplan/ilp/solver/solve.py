@@ -272,7 +272,7 @@ def solve(
     below = min(cutoff, pre.upper)
     outcome = _search(model, pre, below, solver, mip_gap, left, max_nodes, stats, fixing=fixing)
     found, cost = outcome.choice, outcome.cost
-    if found is None and pre.choice is not None:
+    if pre.choice is not None and (found is None or pre.upper <= cost):
         found, cost = pre.choice, pre.upper  # nothing cheaper than the incumbent
     status = outcome.status
     if found is None:
