@@ -41,7 +41,7 @@ from autoplan.ilp.bound.relax import Relaxation
 from autoplan.ilp.formulation.build import IlpModel
 from autoplan.ilp.formulation.matrix import Emitted, Flow
 from autoplan.ilp.formulation.problem import Problem
-from autoplan.ilp.tolerances import LP_USED
+from autoplan.ilp.tolerances import MODES_MIXED
 
 __all__ = ["Outcome", "branch_modes", "mode_groups", "restrict"]
 
@@ -98,12 +98,13 @@ def _open_modes(p: Problem, members: list[str]) -> list[int]:
 
 
 def _mixed(p: Problem, relaxed: Relaxation, groups: dict[str, list[str]]) -> str | None:
-    """The group whose modes the relaxation's LP mixes most (None: it mixes none): the
-    largest share left outside each class's most used mode, first group on ties."""
+    """The group whose modes the relaxation's LP mixes most (None: it mixes none, by
+    :data:`~autoplan.ilp.tolerances.MODES_MIXED`): the largest share left outside each
+    class's most used mode, first group on ties."""
     values = relaxed.lp_values
     if values is None:
         return None
-    pick, most = None, LP_USED
+    pick, most = None, MODES_MIXED
     for group, members in groups.items():
         for r in members:
             width = p.blocks[r][1]
@@ -168,15 +169,18 @@ def branch_modes(
     mip_gap: float,
     relax: Relax,
     leaf: Leaf,
+    max_leaves: int | None = None,
 ) -> Outcome:
     """The cheapest plan of ``model`` below cost ``below`` (see the module docstring):
     ``relaxed`` is the model's relaxation, ``relax`` relaxes a restricted model and
-    ``leaf(model, relaxed, cost)`` runs the MIP of one for a plan below ``cost``."""
+    ``leaf(model, relaxed, cost)`` runs the MIP of one for a plan below ``cost``. A
+    search that proves nothing (the untie stage's) gives ``max_leaves``: past that many
+    MIPs the nodes left are not searched, and the outcome says ``node_limit``."""
     groups = mode_groups(model.reduced)
     best: dict[str, int] | None = None
     best_cost = math.inf
     status, floor, out_of_time = "optimal", math.inf, relaxed.out_of_time
-    relaxations = 0
+    relaxations = leaves = 0
 
     def upper() -> float:
         return min(below, best_cost)
@@ -189,10 +193,14 @@ def branch_modes(
         cap = upper()
         if math.isfinite(cap) and bound >= cap - mip_gap * abs(cap):
             break  # this node and every one after it cannot hold a cheaper plan
+        if max_leaves is not None and leaves >= max_leaves:
+            status = max(status, "node_limit", key=_RANK.__getitem__)
+            break  # a search's work is done: the nodes left go unsearched
         heapq.heappop(heap)
         free = {g: m for g, m in groups.items() if g not in fixed}
         group = _mixed(node.reduced, rel, free) if relaxations < _MAX_RELAXATIONS else None
         if group is None:
+            leaves += 1
             found = leaf(node, rel, cap)
             out_of_time |= found.out_of_time
             if found.choice is not None and found.cost < upper():

@@ -219,6 +219,7 @@ def solve(
     cutoff: float = math.inf,
     max_nodes: int | None = None,
     seed: tuple[Dual, Problem] | None = None,
+    max_leaves: int | None = None,
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable.
 
@@ -232,7 +233,8 @@ def solve(
     it, and the plan returned may cost more than ``cutoff`` (the incumbent, when no
     cheaper plan exists). ``max_nodes`` caps each MIP's branch-and-bound nodes; the
     solution then says ``node_limit``. ``seed`` starts the relaxation's dual ascent (see
-    :func:`relax`).
+    :func:`relax`). ``max_leaves`` makes the branching on modes a search of at most that
+    many MIPs (:func:`~autoplan.ilp.solver.modes.branch_modes`).
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -270,7 +272,9 @@ def solve(
             pre = _polish(model, solver, pre, left())
     stats = dict(pre.stats or {})
     below = min(cutoff, pre.upper)
-    outcome = _search(model, pre, below, solver, mip_gap, left, max_nodes, stats, fixing=fixing)
+    outcome = _search(
+        model, pre, below, solver, mip_gap, left, (max_nodes, max_leaves), stats, fixing=fixing
+    )
     found, cost = outcome.choice, outcome.cost
     if pre.choice is not None and (found is None or pre.upper <= cost):
         found, cost = pre.choice, pre.upper  # nothing cheaper than the incumbent
@@ -301,13 +305,15 @@ def _search(
     solver: str,
     mip_gap: float,
     left: Callable[[], float | None],
-    max_nodes: int | None,
+    limits: tuple[int | None, int | None],
     stats: dict[str, float],
     *,
     fixing: bool,
 ) -> Outcome:
     """The MIP for a plan cheaper than ``below``: under the branching on modes when the
-    model has them and a relaxation to branch from, else one MIP."""
+    model has them and a relaxation to branch from, else one MIP. ``limits``: the nodes
+    of each MIP and the MIPs of the branching (None: no limit)."""
+    max_nodes, max_leaves = limits
 
     def leaf(node: IlpModel, rel: Relaxation, cost: float) -> Outcome:
         if rel is not pre:  # a branch's own incumbent, polished as the root's was
@@ -338,4 +344,5 @@ def _search(
             enough=enough,
         ),
         leaf=leaf,
+        max_leaves=max_leaves,
     )

@@ -54,9 +54,11 @@ from autoplan.ilp.untying.mix import mix_layers
 # a larger untied ILP does not solve within the pass's node limit.
 _CLOSE = 1e-3
 _MAX_GROWTH = {False: 10, True: 4}
-# Each pass's MIP stops after this many branch-and-bound nodes: it searches, it proves
-# nothing, and the tied MIP after it checks the plan it gives.
-_PASS_NODES = 1000
+# Each pass's MIP stops after this many branch-and-bound nodes, and its branching on
+# checkpointing modes after this many MIPs: it searches, it proves nothing, and the tied
+# MIP after it checks the plan it gives.
+_PASS_NODES = 200
+_PASS_LEAVES = 8
 
 
 def worth_untying(model: IlpModel, relaxed: Relaxation) -> bool:
@@ -150,6 +152,7 @@ def untie_under_budget(
             mip_gap=max(mip_gap, _CLOSE),
             start=best,
             max_nodes=_PASS_NODES,
+            max_leaves=_PASS_LEAVES,
             seed=(relaxed.dual, p) if relaxed.dual is not None else None,
         )
         spent += found.solve_seconds
