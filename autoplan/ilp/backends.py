@@ -265,7 +265,8 @@ def read_solution(
     path: str, num_cols: int, num_rows: int = 0
 ) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
     """Status word, column values, reduced costs and row duals from CBC's ``-solution``
-    file (written with ``-printingOptions all``: rows ``c<i>``, then columns ``x<j>``)."""
+    file (rows ``c<i>``, then columns ``x<j>``; with ``-printingOptions normal`` only the
+    nonzero columns, the others 0)."""
     x, dj, y = np.zeros(num_cols), np.zeros(num_cols), np.zeros(num_rows)
     with open(path) as f:
         head = f.readline().split()
@@ -354,7 +355,9 @@ def _run_cbc(job: _Job) -> RunResult:
         # further -initialSolve would presolve and solve it again from the optimal basis.
         args += ["-heur", "off", "-dualS", "-ratio", str(float(mip_gap))]
         args += ["-solve"] if mip else []
-        args += ["-printingOptions", "all"]
+        # An LP's reduced costs and row duals are read for every column and row; a MIP's
+        # plan needs only the columns it sets, which CBC's normal printing lists.
+        args += ["-printingOptions", "normal" if mip else "all"]
         args += ["-solution", sol]
         # CBC does not always keep to -sec: when the -dualS solve of a MIP's LP stops on
         # time, its -solve then runs unbounded. Past the limit and a grace for writing the

@@ -289,13 +289,13 @@ class Ascent:
         """The state to start an ascent on this problem under another budget from."""
         return Warm(self._st.snapshot())
 
-    def refine(self, lam: float) -> bool:
-        """Sweep at multiplier ``lam`` (e.g. the LP's) until the bound settles; kept only
-        if the bound rises, which the return value says."""
+    def refine(self, lam: float, rise: float = ASCENT_CONVERGED_REFINE) -> bool:
+        """Sweep at multiplier ``lam`` (e.g. the LP's) until a sweep raises the bound by
+        less than ``rise`` of it; kept only if the bound rises, which the return value says."""
         st = self._st
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
-        self.sweeps += st.converge(ASCENT_CONVERGED_REFINE)
+        self.sweeps += st.converge(rise)
         if st.bound() > before:
             return True
         st.restore(snap)

@@ -34,6 +34,7 @@ from autoplan.ilp.formulation.build import IlpModel, Warm
 from autoplan.ilp.formulation.matrix import Matrix
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.tolerances import (
+    ASCENT_CONVERGED_REFINE,
     BUDGET_BINDS,
     GAP_NOISE,
     LP_NONZERO,
@@ -139,6 +140,7 @@ def relax(
     start: Mapping[str, int] | None = None,
     seed: tuple[Dual, Problem] | None = None,
     enough: float = math.inf,
+    settle: float = ASCENT_CONVERGED_REFINE,
 ) -> Relaxation:
     """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
     ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
@@ -146,8 +148,11 @@ def relax(
     no plan can be decoded from it, from the LP relaxation solved by ``solver``.
     :func:`~autoplan.ilp.solver.solve.solve` polishes the incumbent when no cheaper plan is
     known from elsewhere. ``seed`` (the dual of a model of the same cost table, and that
-    model's problem: the model tied, or one this one restricts) starts the ascent; a bound of ``enough`` or more is returned at once, alone (the caller only
-    needs to know that no plan here is cheaper)."""
+    model's problem: the model tied, or one this one restricts) starts the ascent; a
+    bound of ``enough`` or more is returned at once, alone (the caller only needs to know
+    that no plan here is cheaper). ``settle`` is how little a sweep must raise the bound,
+    at the LP's multiplier, for the ascent to stop: a search that proves nothing can take
+    the multiplier search's looser tolerance."""
     check_solver(solver)
     began = time.perf_counter()
     m, p = model.emitted.matrix, model.reduced
@@ -187,7 +192,7 @@ def relax(
             x = np.zeros(m.num_cols)
             x[keep] = lp.x
         lam = _memory_multiplier(m, lp.y, dual.lam)
-        if lam is not None and ascent.refine(lam):
+        if lam is not None and ascent.refine(lam, settle):
             refined = ascent.result()
             if refined.bound > dual.bound:
                 dual, dj = refined, column_reduced_costs(p, model.emitted, refined)

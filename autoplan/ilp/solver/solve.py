@@ -46,7 +46,7 @@ from autoplan.ilp.bound.relax import Relaxation, class_values, relax, start_vect
 from autoplan.ilp.formulation.build import IlpModel, Warm
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.solver.modes import Outcome, branch_modes, mode_groups
-from autoplan.ilp.tolerances import GAP_NOISE, LP_NONZERO
+from autoplan.ilp.tolerances import ASCENT_CONVERGED_REFINE, GAP_NOISE, LP_NONZERO
 
 __all__ = ["Solution", "solve"]
 
@@ -220,6 +220,7 @@ def solve(
     max_nodes: int | None = None,
     seed: tuple[Dual, Problem] | None = None,
     max_leaves: int | None = None,
+    settle: float = ASCENT_CONVERGED_REFINE,
 ) -> Solution:
     """Solve ``model``; nodes with a single allowed strategy need no variable.
 
@@ -234,7 +235,8 @@ def solve(
     cheaper plan exists). ``max_nodes`` caps each MIP's branch-and-bound nodes; the
     solution then says ``node_limit``. ``seed`` starts the relaxation's dual ascent (see
     :func:`relax`). ``max_leaves`` makes the branching on modes a search of at most that
-    many MIPs (:func:`~autoplan.ilp.solver.modes.branch_modes`).
+    many MIPs (:func:`~autoplan.ilp.solver.modes.branch_modes`). ``settle`` is the
+    relaxations' tolerance at the LP's multiplier (:func:`relax`).
 
     The plan returned is checked, not trusted: its cost is recomputed from the
     reduced problem, and a solver that stops early with no valid plan (CBC
@@ -266,14 +268,29 @@ def solve(
     pre = Relaxation()
     if fixing:
         if relaxed is None:
-            relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, start=start, seed=seed)
+            relaxed = relax(
+                model,
+                solver=solver,
+                time_limit_s=time_limit_s,
+                start=start,
+                seed=seed,
+                settle=settle,
+            )
         pre = relaxed
         if cutoff >= pre.upper:  # a better incumbent still makes the fixing stronger
             pre = _polish(model, solver, pre, left())
     stats = dict(pre.stats or {})
     below = min(cutoff, pre.upper)
     outcome = _search(
-        model, pre, below, solver, mip_gap, left, (max_nodes, max_leaves), stats, fixing=fixing
+        model,
+        pre,
+        below,
+        solver,
+        mip_gap,
+        left,
+        (max_nodes, max_leaves, settle),
+        stats,
+        fixing=fixing,
     )
     found, cost = outcome.choice, outcome.cost
     if pre.choice is not None and (found is None or pre.upper <= cost):
@@ -305,15 +322,16 @@ def _search(
     solver: str,
     mip_gap: float,
     left: Callable[[], float | None],
-    limits: tuple[int | None, int | None],
+    limits: tuple[int | None, int | None, float],
     stats: dict[str, float],
     *,
     fixing: bool,
 ) -> Outcome:
     """The MIP for a plan cheaper than ``below``: under the branching on modes when the
     model has them and a relaxation to branch from, else one MIP. ``limits``: the nodes
-    of each MIP and the MIPs of the branching (None: no limit)."""
-    max_nodes, max_leaves = limits
+    of each MIP and the MIPs of the branching (None: no limit), and the relaxations'
+    ``settle``."""
+    max_nodes, max_leaves, settle = limits
 
     def leaf(node: IlpModel, rel: Relaxation, cost: float) -> Outcome:
         if rel is not pre:  # a branch's own incumbent, polished as the root's was
@@ -342,6 +360,7 @@ def _search(
             time_limit_s=left(),
             seed=(rel.dual, parent.reduced) if rel.dual is not None else None,
             enough=enough,
+            settle=settle,
         ),
         leaf=leaf,
         max_leaves=max_leaves,

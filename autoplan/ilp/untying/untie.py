@@ -45,7 +45,7 @@ from autoplan.ilp.bound.relax import Relaxation
 from autoplan.ilp.formulation.build import IlpModel, build_ilp
 from autoplan.ilp.formulation.problem import InfeasibleError
 from autoplan.ilp.solver.solve import solve
-from autoplan.ilp.tolerances import LP_USED, ROUNDING_RTOL
+from autoplan.ilp.tolerances import ASCENT_CONVERGED_SEARCH, LP_USED, ROUNDING_RTOL
 from autoplan.ilp.untying.mix import mix_layers
 
 # Each pass stops within _CLOSE of its own bound. The second pass (every node) runs when
@@ -153,6 +153,7 @@ def untie_under_budget(
             start=best,
             max_nodes=_PASS_NODES,
             max_leaves=_PASS_LEAVES,
+            settle=ASCENT_CONVERGED_SEARCH,  # its prices only steer a search
             seed=(relaxed.dual, p) if relaxed.dual is not None else None,
         )
         spent += found.solve_seconds
