@@ -1,5 +1,6 @@
-"""Same inputs, same plan: run files planned twice, idle and beside busy processes, under
-other hash seeds, give byte-identical saved plans (no decision reads the clock)."""
+"""Same inputs, same plan: run files planned twice, here and in another interpreter under
+another hash seed beside busy processes, give byte-identical saved plans (no decision
+reads the clock)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.determinism import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,10 +26,17 @@ FAST = [
 SLOW = ["configs/llama3_8b_2l.yaml"]
 
 
-def _saved(specs: list[str], out: Path, *, hash_seed: str, busy: int) -> dict[str, bytes]:
-    """Each spec's saved plan, planned in a new interpreter with PYTHONHASHSEED=hash_seed
-    while ``busy`` processes spin beside it."""
-    env = dict(os.environ, PYTHONHASHSEED=hash_seed, OMP_NUM_THREADS="1")
+def _saved_here(specs: list[str], out: Path) -> dict[str, bytes]:
+    """Each spec's saved plan, planned in this process with nothing running beside it."""
+    main(str(out), specs)
+    return {spec: (out / f"{k}.json").read_bytes() for k, spec in enumerate(specs)}
+
+
+def _saved_busy(specs: list[str], out: Path, *, busy: int) -> dict[str, bytes]:
+    """Each spec's saved plan, planned in a new interpreter under another hash seed while
+    ``busy`` processes spin beside it."""
+    seed = "2" if os.environ.get("PYTHONHASHSEED") != "2" else "3"
+    env = dict(os.environ, PYTHONHASHSEED=seed, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     spin = [sys.executable, "-c", "while True: pass"]
     spinners = [subprocess.Popen(spin) for _ in range(busy)]
@@ -48,16 +58,17 @@ def _saved(specs: list[str], out: Path, *, hash_seed: str, busy: int) -> dict[st
 
 
 def _check(specs: list[str], tmp_path: Path) -> None:
-    idle = _saved(specs, tmp_path / "idle", hash_seed="1", busy=0)
-    busy = _saved(specs, tmp_path / "busy", hash_seed="2", busy=2)
+    idle = _saved_here(specs, tmp_path / "idle")
+    busy = _saved_busy(specs, tmp_path / "busy", busy=2)
     for spec in specs:
         assert idle[spec] == busy[spec], f"{spec}: the saved plans differ"
         assert b'"status": "optimal"' in idle[spec], spec
 
 
 def test_plans_are_byte_identical_idle_and_beside_busy_processes(tmp_path):
-    """tiny, tiny auto under a budget and the HF tiny LLaMA: the same saved plan idle and
-    with two busy processes beside it, under two hash seeds, each proved optimal."""
+    """tiny, tiny auto under a budget and the HF tiny LLaMA: the same saved plan with
+    nothing beside it and with two busy processes beside it, under two hash seeds, each
+    proved optimal."""
     pytest.importorskip("transformers")
     _check(FAST, tmp_path)
 

@@ -47,14 +47,15 @@ class End:
         self.mat, self.size, self.other = mat, size, other
         self.msg = np.zeros(mat.shape[0] * mat.shape[1])
         self.guard = bool((~np.isfinite(mat)).all(axis=2).any())
+        self._column = (mat.shape[0], mat.shape[1], 1)  # a per-group vector against mat
 
     def row_minima(self) -> np.ndarray:
         """The least potential of each of this end's compact groups (inf where none)."""
-        return np.minimum.reduce(self.mat, axis=2).reshape(-1)
+        return self.mat.min(axis=2).ravel()
 
     def take(self, c: np.ndarray) -> None:
         """Move ``c`` (per compact group) from the edge's potentials to this end's message."""
-        self.mat -= c.reshape(self.mat.shape[0], self.mat.shape[1], 1)
+        self.mat -= c.reshape(self._column)
         self.msg += c
 
     def full_message(self) -> np.ndarray:
