@@ -24,8 +24,9 @@ best plan's cost (less ``mip_gap``), split over the modes of the group its LP mi
 most, or, when its LP mixes none, handed to the MIP with the best plan's cost as cutoff.
 Every plan of the model lies in exactly one leaf, so the best plan found is the MIP's
 optimum. Past ``_MAX_RELAXATIONS`` the nodes left are solved by the MIP as they are,
-which keeps a model with many free groups from branching without end. Every step is a
-fixed amount of work, so the result is the same on any machine.
+which keeps a model with many free groups from branching without end; a search that
+proves nothing (the untie stage's passes) stops after ``max_leaves`` MIPs instead. Every
+step is a fixed amount of work, so the result is the same on any machine.
 """
 
 from __future__ import annotations
