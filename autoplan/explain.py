@@ -257,8 +257,9 @@ def format_explain(result: dict[str, Any]) -> str:
             "(untie_under_budget may split them after), this report moves one, so an "
             "alternative may be cheaper alone"
         )
-    if r["status"] == "time_limit":
-        lines.append("the solver stopped at its time limit: a cheaper alternative is possible")
+    if r["status"] in ("time_limit", "node_limit"):
+        limit = "time" if r["status"] == "time_limit" else "node"
+        lines.append(f"the solver stopped at its {limit} limit: a cheaper alternative is possible")
     cheaper = [a for a in r["alternatives"] if a["delta_us"] < -TOL_US and not a["over_budget"]]
     if cheaper and not r["tied_to"] and r["status"] == "optimal":
         lines.append(

@@ -30,7 +30,7 @@ from autoplan.config import CHECKPOINT_MODES, PlanConfig
 from autoplan.errors import PlanError
 from autoplan.placements import ALLOWED, Placements, parse, sharded_dim
 
-STATUSES = ("optimal", "time_limit", "infeasible")
+STATUSES = ("optimal", "time_limit", "node_limit", "infeasible")
 NODE_KEYS = ("in", "op", "out")
 COMM_KEYS = ("bytes", "count", "us")
 BUCKET_KEYS = ("axes", "bytes", "kind", "members", "us", "us_alone", "where")

@@ -25,13 +25,21 @@ __all__ = ["infeasible", "min_memory", "status_message", "too_small"]
 
 def status_message(solution: Solution, split: int, config: PlanConfig) -> str:
     """What the plan's message says of how the solve ended (empty when proved optimal)."""
-    if solution.status == "time_limit" and solution.proof_budget_s is not None:
+    gap = solution.gap
+    within = f"; it is at most {gap:.3%} above any tied plan" if math.isfinite(gap) else ""
+    if solution.status == "node_limit" and solution.proof_nodes is not None:
         return (
-            "time_limit: after the untie stage (layers under the memory budget), the MIP "
-            f"over tied plans had {solution.proof_budget_s:.3g} s and stopped before proving "
-            f"that none beats this plan; it is at most {solution.gap:.3%} above any tied "
-            "plan. Set plan.untie_under_budget: false to solve the tied ILP alone, within "
+            "node_limit: after the untie stage (layers under the memory budget), the MIP "
+            f"over tied plans stopped at its limit of {solution.proof_nodes} branch-and-bound "
+            f"nodes before proving that none beats this plan{within}. Set "
+            "plan.untie_under_budget: false to solve the tied ILP alone, within "
             "plan.time_limit_s."
+        )
+    if solution.status == "node_limit":
+        return (
+            "node_limit: the solver stopped at its node limit before proving this plan optimal"
+            + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
+            + ". Accept a gap with plan.mip_gap."
         )
     if solution.status == "optimal" and split:
         return (
@@ -41,12 +49,12 @@ def status_message(solution: Solution, split: int, config: PlanConfig) -> str:
             "Set plan.untie_under_budget: false for the tied optimum alone."
         )
     if solution.status == "time_limit":
-        gap = solution.gap
         return (
-            f"time_limit: the solver stopped at time_limit_s ({config.time_limit_s} s) before "
+            f"time_limit: the solve reached time_limit_s ({config.time_limit_s} s) before "
             "proving this plan optimal"
             + (f"; it is at most {gap:.2%} above the optimum" if math.isfinite(gap) else "")
-            + ". Raise plan.time_limit_s, or accept a gap with plan.mip_gap."
+            + " (a plan cut short by the clock may differ from run to run). Raise "
+            "plan.time_limit_s, or accept a gap with plan.mip_gap."
         )
     return ""
 

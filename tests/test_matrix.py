@@ -242,3 +242,42 @@ def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_
     monkeypatch.setattr(backends, "_owned_run", fake_cbc)
     got = run(m, "cbc", mip=True, time_limit_s=limit if ran_out else 60.0, mip_gap=0.0, cutoff=1.0)
     assert got.status == ("stopped" if ran_out else "infeasible") and got.x is None
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_mip_stopped_at_its_node_limit_says_so(solver):
+    """max_nodes stops a MIP that its root does not settle: the run reports stopped_by
+    "nodes" (not "time"); with no limit the same MIP is optimal and says nothing."""
+    cut = []
+    for seed in range(200):
+        p = random_problem(seed)
+        if p.budget is None or not math.isfinite(brute_force_problem(p)):
+            continue
+        m = emit(p).matrix
+        got = run(m, solver, mip=True, time_limit_s=None, mip_gap=0.0, max_nodes=0)
+        if got.status != "optimal":
+            assert got.stopped_by == "nodes" and got.status in ("feasible", "stopped")
+            whole = run(m, solver, mip=True, time_limit_s=None, mip_gap=0.0)
+            assert whole.status == "optimal" and whole.stopped_by == ""
+            cut.append(seed)
+    assert len(cut) >= 3
+
+
+def test_cbc_node_limit_with_lp_values_is_no_plan(monkeypatch):
+    """CBC's "Stopped on iterations (no integer solution - continuous used)" header, which
+    -maxNodes writes, holds LP values: no plan, stopped by nodes."""
+    from autoplan.ilp import backends
+
+    m = emit(random_problem(0)).matrix
+
+    def fake_cbc(args, wait):
+        assert args[args.index("-maxNodes") + 1] == "7"
+        with open(args[args.index("-solution") + 1], "w") as f:
+            f.write(
+                "Stopped on iterations (no integer solution - continuous used) - objective value 1.0\n"
+            )
+        return 0, ""
+
+    monkeypatch.setattr(backends, "_owned_run", fake_cbc)
+    got = run(m, "cbc", mip=True, time_limit_s=None, mip_gap=0.0, max_nodes=7)
+    assert (got.status, got.x, got.stopped_by) == ("stopped", None, "nodes")

@@ -12,7 +12,7 @@ from autoplan.ilp.backends import RunResult
 from autoplan.ilp.bound.relax import relax
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.solver.solve import solve
-from autoplan.ilp.solver.stage import PROOF_MIN_S, solve_ilp
+from autoplan.ilp.solver.stage import PROOF_NODES, solve_ilp
 from autoplan.ilp.untying.untie import worth_untying
 from autoplan.models.mlp import TinyMLP
 from tests.helpers.brute_force import brute_force, combos, footprint, step_time
@@ -112,59 +112,57 @@ def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):
     assert footprint(costs, below.choice) <= budget
 
 
-def _cut_proofs(monkeypatch) -> list[float | None]:
-    """Make every MIP run under a cutoff stop on time with no plan, as CBC does when the
-    tied proof after untying runs out; returns the time limits those runs were given."""
+def _cut_proofs(monkeypatch, stopped_by: str = "nodes") -> list[int | None]:
+    """Make the tied proof's MIP stop with no plan, on its node limit (as CBC does when
+    the proof after untying runs out of nodes) or on time; returns the node limits those
+    runs were given."""
     real, limits = solve_module.run, []
 
-    def cut(m, solver, *, mip, time_limit_s, mip_gap, start=None, cutoff=None):
-        if mip and cutoff is not None:
-            limits.append(time_limit_s)
-            return RunResult("stopped", None)
-        return real(
-            m,
-            solver,
-            mip=mip,
-            time_limit_s=time_limit_s,
-            mip_gap=mip_gap,
-            start=start,
-            cutoff=cutoff,
-        )
+    def cut(m, solver, **kwargs):
+        if kwargs["mip"] and kwargs.get("cutoff") is not None:
+            limits.append(kwargs.get("max_nodes"))
+            return RunResult("stopped", None, stopped_by=stopped_by)
+        return real(m, solver, **kwargs)
 
     monkeypatch.setattr(solve_module, "run", cut)
     return limits
 
 
-def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_time_limit(monkeypatch):
-    """The tied MIP after untying gets its own budget; cut, the untied plan says time_limit and its gap."""
+def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_node_limit(monkeypatch):
+    """The tied MIP after untying gets a node limit of its own; cut there, the untied plan says node_limit and its gap."""
     costs = layer_stack(3, 0, coupled=False)
     budget = budget_between(costs, 0.3)
     model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
     whole, split = solve_ilp(costs, model)
-    assert whole.status == "optimal" and whole.proof_budget_s is None and split > 0
+    assert whole.status == "optimal" and whole.proof_nodes is None and split > 0
     limits = _cut_proofs(monkeypatch)
     cut, split_cut = solve_ilp(costs, model)
-    # The relaxation of 7 nodes takes far less than PROOF_MIN_S: the budget is that floor.
-    assert len(limits) == 1 and limits[0] == pytest.approx(PROOF_MIN_S, abs=0.5)
-    assert cut.status == "time_limit" and cut.proof_budget_s == PROOF_MIN_S
+    assert limits == [PROOF_NODES]
+    assert cut.status == "node_limit" and cut.proof_nodes == PROOF_NODES
     assert (cut.objective_us, cut.choice, split_cut) == (whole.objective_us, whole.choice, split)
     assert 0.0 <= cut.gap < 1.0
-    limits.clear()
-    short, _ = solve_ilp(costs, model, time_limit_s=2.0)  # below the budget: the user's
-    assert short.status == "time_limit" and short.proof_budget_s is None
-    assert limits[0] <= 2.0
+
+
+def test_a_tied_proof_cut_by_the_clock_says_time_limit(monkeypatch):
+    """The user's time limit stopping the tied proof gives time_limit, not node_limit."""
+    costs = layer_stack(3, 0, coupled=False)
+    budget = budget_between(costs, 0.3)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
+    _cut_proofs(monkeypatch, stopped_by="time")
+    short, _ = solve_ilp(costs, model, time_limit_s=2.0)
+    assert short.status == "time_limit" and short.proof_nodes is None
 
 
 def test_planner_says_which_limit_cut_the_tied_proof(monkeypatch):
-    """A plan whose tied proof was cut names that budget and the gap, not time_limit_s."""
+    """A plan whose tied proof was cut names its node limit and the gap, not time_limit_s."""
     mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
     with torch.device("meta"):
         model = TinyMLP(dim=64, hidden=256, n_layers=6)
     config = autoplan.PlanConfig(memory_budget_gib=1.5 * 2**20 / 2**30)
     _cut_proofs(monkeypatch)
     plan = autoplan.plan(model, lambda: torch.randn(32, 64), mesh, config=config)
-    assert plan.status == "time_limit" and plan.ilp_size["untied"] > 0
-    assert "MIP over tied plans had 10 s" in plan.message
+    assert plan.status == "node_limit" and plan.ilp_size["untied"] > 0
+    assert f"stopped at its limit of {PROOF_NODES} branch-and-bound nodes" in plan.message
     assert "untie_under_budget: false" in plan.message and "time_limit_s (" not in plan.message
 
 

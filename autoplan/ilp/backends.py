@@ -1,8 +1,14 @@
 """Stages 5c and 5e, the solvers: hand a :class:`~autoplan.ilp.formulation.matrix.Matrix` to a solver.
 
-Input: the matrix, whether to keep integrality (``mip``), a time limit, a
-relative gap, optionally a start vector and a cutoff. Output: a :class:`RunResult` with
-the status, the column values and, for an LP, the reduced costs and row duals.
+Input: the matrix, whether to keep integrality (``mip``), the user's time limit, a
+relative gap, optionally a node limit, a start vector and a cutoff. Output: a
+:class:`RunResult` with the status, which limit stopped the run (if one did), the column
+values and, for an LP, the reduced costs and row duals.
+
+Both solvers are deterministic for the same arrays and options: a run that no limit
+stops, or that stops on its node limit, gives the same answer on any machine under any
+load. Only the time limit (the user's ``time_limit_s``) reads the clock, and a run it
+stops says so (``stopped_by="time"``).
 
 CBC ships inside PuLP as a binary: the matrix is written as a free-format MPS
 file, CBC runs on it (with the options :func:`_run_cbc` gives, each with its reason)
@@ -44,13 +50,15 @@ class RunResult:
     """``status``: "optimal", "feasible" (stopped with a solution), "infeasible" or
     "stopped" (no solution); ``x`` the column values (None without a solution);
     ``dj`` reduced costs and ``y`` row duals (LP only); ``bound`` a proven lower bound when
-    the solver gives one."""
+    the solver gives one; ``stopped_by`` the limit that stopped the run: "time" (the
+    clock: not reproducible), "nodes" (the node limit: reproducible) or "" (none)."""
 
     status: str
     x: np.ndarray | None
     dj: np.ndarray | None = None
     bound: float = float("nan")
     y: np.ndarray | None = None
+    stopped_by: str = ""
 
 
 def check_solver(name: str) -> None:
@@ -78,15 +86,18 @@ def run(
     mip_gap: float,
     start: np.ndarray | None = None,
     cutoff: float | None = None,
+    max_nodes: int | None = None,
 ) -> RunResult:
     """Solve ``m`` (its LP relaxation when ``mip`` is False) with ``solver``.
 
     ``cutoff`` (MIP only): look only for solutions cheaper than it. When none exists,
     CBC says ``infeasible``; HiGHS stops once its bound passes the cutoff and returns
-    its best solution (perhaps ``start``) as ``optimal``, with that bound.
+    its best solution (perhaps ``start``) as ``optimal``, with that bound. ``max_nodes``
+    (MIP only): stop after that many branch-and-bound nodes, a limit of work that gives
+    the same answer on every machine (``time_limit_s`` does not).
     """
     check_solver(solver)
-    job = _Job(m, mip, time_limit_s, mip_gap, start, cutoff)
+    job = _Job(m, mip, time_limit_s, mip_gap, start, cutoff, max_nodes)
     return _run_highs(job) if solver == "highs" else _run_cbc(job)
 
 
@@ -99,6 +110,7 @@ class _Job(NamedTuple):
     mip_gap: float
     start: np.ndarray | None
     cutoff: float | None
+    max_nodes: int | None
 
 
 # ----------------------------------------------------------------------------- HiGHS
@@ -107,7 +119,7 @@ class _Job(NamedTuple):
 def _run_highs(job: _Job) -> RunResult:
     import highspy
 
-    m, mip, time_limit_s, mip_gap, start, cutoff = job
+    m, mip, time_limit_s, mip_gap, start, cutoff, max_nodes = job
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -115,6 +127,8 @@ def _run_highs(job: _Job) -> RunResult:
         h.setOptionValue("time_limit", float(time_limit_s))
     if mip and cutoff is not None:
         h.setOptionValue("objective_bound", float(cutoff))
+    if mip and max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     lp = highspy.HighsLp()
     lp.num_col_ = m.num_cols
@@ -142,17 +156,23 @@ def _run_highs(job: _Job) -> RunResult:
     status = h.getModelStatus()
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if status == highspy.HighsModelStatus.kInfeasible:
+    kinds = highspy.HighsModelStatus
+    stopped_by = ""
+    if status == kinds.kTimeLimit:
+        stopped_by = "time"
+    elif status in (kinds.kSolutionLimit, kinds.kIterationLimit):
+        stopped_by = "nodes"  # mip_max_nodes
+    if status == kinds.kInfeasible:
         return RunResult("infeasible", None)
     if not has_solution:
-        return RunResult("stopped", None)
-    name = "optimal" if status == highspy.HighsModelStatus.kOptimal else "feasible"
+        return RunResult("stopped", None, stopped_by=stopped_by)
+    name = "optimal" if status == kinds.kOptimal else "feasible"
     sol = h.getSolution()
     x = np.asarray(sol.col_value, dtype=np.float64)
     dj = None if mip else np.asarray(sol.col_dual, dtype=np.float64)
     y = None if mip else np.asarray(sol.row_dual, dtype=np.float64)
     bound = float(info.mip_dual_bound) if mip else float(info.objective_function_value)
-    return RunResult(name, x, dj, bound, y)
+    return RunResult(name, x, dj, bound, y, stopped_by=stopped_by)
 
 
 # ----------------------------------------------------------------------------- CBC
@@ -249,7 +269,8 @@ def read_solution(
     path: str, num_cols: int, num_rows: int = 0
 ) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
     """Status word, column values, reduced costs and row duals from CBC's ``-solution``
-    file (written with ``-printingOptions all``: rows ``c<i>``, then columns ``x<j>``)."""
+    file (rows ``c<i>``, then columns ``x<j>``; with ``-printingOptions normal`` only the
+    nonzero columns, the others 0)."""
     x, dj, y = np.zeros(num_cols), np.zeros(num_cols), np.zeros(num_rows)
     with open(path) as f:
         head = f.readline().split()
@@ -273,7 +294,9 @@ def read_solution(
         return "optimal", x, dj, y
     if word in ("Infeasible", "Integer"):
         return "infeasible", None, dj, y
-    if word == "Stopped" and "objective" in head:  # "Stopped on time - objective value v"
+    # "Stopped on time - objective value v" holds a plan; "Stopped on iterations (no integer
+    # solution - continuous used) - ..." (the node limit) holds the LP's values, no plan.
+    if word == "Stopped" and "objective" in head and "integer" not in head:
         return "feasible", x, dj, y
     return "stopped", None, dj, y
 
@@ -309,6 +332,16 @@ def _deliver(held: list[int]) -> None:
         signal.raise_signal(signum)
 
 
+def _stop_reason(path: str) -> str:
+    """Which limit stopped CBC, from its solution file's first line: "time" ("Stopped on
+    time"), "nodes" ("Stopped on iterations", which -maxNodes writes) or "" (none)."""
+    with open(path) as f:
+        head = f.readline().split()
+    if head[:1] != ["Stopped"]:
+        return ""
+    return "time" if "time" in head else "nodes"
+
+
 def _owned_run(args: list[str], wait: float | None) -> tuple[int | None, str]:
     """Run ``args`` to completion: (exit code, output), or (None, output) past ``wait`` s.
 
@@ -339,7 +372,7 @@ def _owned_run(args: list[str], wait: float | None) -> tuple[int | None, str]:
 
 
 def _run_cbc(job: _Job) -> RunResult:
-    m, mip, time_limit_s, mip_gap, start, cutoff = job
+    m, mip, time_limit_s, mip_gap, start, cutoff, max_nodes = job
     with tempfile.TemporaryDirectory(prefix="autoplan-cbc-") as tmp:
         model, sol = os.path.join(tmp, "model.mps"), os.path.join(tmp, "model.sol")
         write_mps(m, model)
@@ -353,6 +386,8 @@ def _run_cbc(job: _Job) -> RunResult:
             args += ["-mips", mst]
         if time_limit_s is not None:
             args += ["-sec", str(float(time_limit_s))]
+        if mip and max_nodes is not None:
+            args += ["-maxNodes", str(int(max_nodes))]
         if mip and cutoff is not None:
             # A MIP under a cutoff near its LP bound is a proof that no plan is cheaper (the
             # tied MIP after untying): CBC's preprocessing, root cuts and presolve cost more
@@ -364,7 +399,9 @@ def _run_cbc(job: _Job) -> RunResult:
         # further -initialSolve would presolve and solve it again from the optimal basis.
         args += ["-heur", "off", "-dualS", "-ratio", str(float(mip_gap))]
         args += ["-solve"] if mip else []
-        args += ["-printingOptions", "all"]
+        # An LP's reduced costs and row duals are read for every column and row; a MIP's
+        # plan needs only the columns it sets, which CBC's normal printing lists.
+        args += ["-printingOptions", "normal" if mip else "all"]
         args += ["-solution", sol]
         # CBC does not always keep to -sec: when the -dualS solve of a MIP's LP stops on
         # time, its -solve then runs unbounded. Past the limit and a grace for writing the
@@ -375,16 +412,17 @@ def _run_cbc(job: _Job) -> RunResult:
         began = time.perf_counter()
         code, output = _owned_run(args, wait)
         if code is None:
-            return RunResult("stopped", None)
+            return RunResult("stopped", None, stopped_by="time")
         ran_out = time_limit_s is not None and time.perf_counter() - began >= time_limit_s
         if code != 0 or not os.path.exists(sol):
             tail = "\n".join(output.splitlines()[-5:])
             raise RuntimeError(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
         status, x, dj, y = read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
+        stopped_by = _stop_reason(sol)
     if status == "infeasible" and ran_out:
         # CBC's preprocessing, cut short by -sec, can say "Integer infeasible" of a model it
         # has not solved: an answer given once the time was up proves nothing.
-        status = "stopped"
+        status, stopped_by = "stopped", "time"
     if mip:
-        return RunResult(status, x)
-    return RunResult(status, x, dj, y=y)
+        return RunResult(status, x, stopped_by=stopped_by)
+    return RunResult(status, x, dj, y=y, stopped_by=stopped_by)

@@ -151,6 +151,54 @@ def routed_problem(seed: int) -> Problem:
     return Problem(linear, memory, edges, {v: v for v in names}, budget)
 
 
+def moded_problem(seed: int) -> Problem:
+    """Layer groups of two or three classes whose strategies come in the same 2 or 3
+    mode blocks (``Problem.blocks``), joined by block-diagonal edges (no move between two
+    modes, so a group's classes agree on theirs), dense edges between groups and to a
+    class outside them, and a budget between the smallest and largest footprint, so that
+    the LP mixes modes. Small enough to enumerate."""
+    rng = np.random.default_rng(seed)
+    modes = int(rng.integers(2, 4))
+    sizes = [2, 2] if rng.random() < 0.5 else [3]
+    linear, memory, blocks, groups = {}, {}, {}, []
+    for g, size in enumerate(sizes):
+        members = [f"g{g}n{k}" for k in range(size)]
+        groups.append(members)
+        for v in members:
+            width = int(rng.integers(1, 3))
+            # a mode that keeps more is faster and takes more memory
+            speed = np.repeat(np.arange(modes)[::-1] * 2.0, width)
+            linear[v] = rng.uniform(0.0, 4.0, modes * width) + speed
+            memory[v] = rng.uniform(5.0, 10.0, modes * width) + np.repeat(
+                np.arange(modes) * 8.0, width
+            )
+            blocks[v] = (f"layer{g}", width)
+    linear["out"] = rng.uniform(0.0, 10.0, 2)
+    edges = []
+
+    def width(v: str) -> int:
+        return blocks[v][1] if v in blocks else len(linear[v])
+
+    for members in groups:
+        for u, v in zip(members, members[1:], strict=False):
+            a, b = width(u), width(v)
+            cost = np.full((modes * a, modes * b), math.inf)
+            for k in range(modes):
+                cost[k * a : (k + 1) * a, k * b : (k + 1) * b] = rng.uniform(0.0, 3.0, (a, b))
+            n, m = cost.shape
+            edges.append(Edge(u, v, np.arange(n), np.arange(m), cost, f"{u} -> {v}"))
+    ends = [members[-1] for members in groups] + ["out"]
+    for u, v in zip(ends, ends[1:], strict=False):
+        n, m = len(linear[u]), len(linear[v])
+        edges.append(
+            Edge(u, v, np.arange(n), np.arange(m), rng.uniform(0.0, 3.0, (n, m)), f"{u} -> {v}")
+        )
+    low = sum(float(mem.min()) for mem in memory.values())
+    high = sum(float(mem.max()) for mem in memory.values())
+    budget = low + (high - low) * float(rng.uniform(0.2, 0.6))
+    return Problem(linear, memory, edges, {v: v for v in linear}, budget, blocks)
+
+
 # ---------------------------------------------------------------- stacks of identical layers
 
 

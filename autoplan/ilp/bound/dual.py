@@ -103,7 +103,10 @@ class _Ascent:
 
     def __init__(self, p: Problem) -> None:
         self.p = p
-        self.deadline: float | None = None  # perf_counter time at which sweeping stops
+        # perf_counter time at which sweeping stops (the user's time_limit_s), and whether it
+        # did: a bound cut by the clock is valid but not reproducible
+        self.deadline: float | None = None
+        self.out_of_time = False
         self.names = list(p.linear)
         pos = {r: n for n, r in enumerate(self.names)}
         self.lam = 0.0
@@ -189,10 +192,45 @@ class _Ascent:
             now = self.bound()
             if not math.isfinite(now) or now - last <= rise * max(1.0, abs(now)):
                 return n  # an infinite bound: some edge has no possible move
-            if self.deadline is not None and time.perf_counter() > self.deadline:
+            if self._past_deadline():
                 return n  # out of time: the bound so far is as valid
             last = now
         return _MAX_SWEEPS
+
+    def seed(self, dual: Dual, other: Problem) -> None:
+        """Start from the messages and multiplier of ``dual``, an ascent on ``other``, a
+        problem built from the same cost table (the same model tied, or this one with
+        more strategies allowed). Each edge here takes the messages of the edge there that
+        stands for its first cost-table edge (or is this one, for a restriction), read
+        through a strategy of each of its groups and split over the edges that edge
+        stands for. Any messages give a valid
+        bound; these give a restriction of ``other`` at least the bound they gave it, and
+        an untied copy of a tied model nearly that."""
+        self.set_lam(dual.lam)
+        shared = {id(e): k for k, e in enumerate(other.edges)}  # a restriction's own edges
+        edge_of = {j: k for k, e in enumerate(other.edges) for j in e.sources}
+        for mine, e in enumerate(self.p.edges):
+            k = shared.get(id(e))
+            if k is None and e.sources:
+                k = edge_of.get(e.sources[0])
+            if k is None:
+                continue  # folded away there: no messages to take
+            theirs = other.edges[k]
+            scale = 1.0 if theirs is e else len(e.sources) / len(theirs.sources)
+            for end in self.pairs[mine]:
+                full = dual.a[k] if end.axis == 0 else dual.b[k]
+                group = theirs.src_group if end.axis == 0 else theirs.dst_group
+                at = group[end.order[end.starts]]  # there, the group of one strategy of each
+                c = np.where(at >= 0, full[np.maximum(at, 0)], 0.0) * scale
+                c = np.where(np.isfinite(c), c, 0.0)
+                cls = e.src if end.axis == 0 else e.dst
+                self.theta[cls] += c[end.local]
+                end.take(c)
+
+    def _past_deadline(self) -> bool:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.out_of_time = True
+        return self.out_of_time
 
     def snapshot(self) -> tuple:
         msgs = [(s.msg.copy(), d.msg.copy()) for s, d in self.pairs]
@@ -217,11 +255,17 @@ class _Ascent:
 
 class Ascent:
     """Dual ascent on one problem: :meth:`raise_bound` first (or from ``warm``, the state
-    of an ascent on the same problem under another budget), :meth:`refine` at a known
-    memory multiplier after, :meth:`result` at any point."""
+    of an ascent on the same problem under another budget, or from ``seed``, the result
+    of one on another problem of the same cost table and that problem), :meth:`refine` at
+    a known memory multiplier after, :meth:`result` at any point."""
 
     def __init__(
-        self, p: Problem, *, time_limit_s: float | None = None, warm: Warm | None = None
+        self,
+        p: Problem,
+        *,
+        time_limit_s: float | None = None,
+        warm: Warm | None = None,
+        seed: tuple[Dual, Problem] | None = None,
     ) -> None:
         self._st = _Ascent(p)
         if time_limit_s is not None:
@@ -230,25 +274,28 @@ class Ascent:
         self.warmed = warm is not None and _fits(self._st.snapshot(), warm.snapshot)
         if self.warmed:
             self._st.restore(warm.snapshot)
+        elif seed is not None:
+            self._st.seed(*seed)
 
-    def raise_bound(self) -> None:
+    def raise_bound(self, enough: float = math.inf) -> None:
         """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a
-        warm start, sweeps at its multiplier only (the refinement then moves it)."""
+        warm start, sweeps at its multiplier only (the refinement then moves it). Stops
+        once the bound reaches ``enough`` (the caller only needs to know it does)."""
         self.sweeps += self._st.converge()
-        if budget_can_bind(self._st.p) and not self.warmed:
-            self.sweeps += _search_lam(self._st)
+        if budget_can_bind(self._st.p) and not self.warmed and self._st.bound() < enough:
+            self.sweeps += _search_lam(self._st, enough)
 
     def warm(self) -> Warm:
         """The state to start an ascent on this problem under another budget from."""
         return Warm(self._st.snapshot())
 
-    def refine(self, lam: float) -> bool:
-        """Sweep at multiplier ``lam`` (e.g. the LP's) until the bound settles; kept only
-        if the bound rises, which the return value says."""
+    def refine(self, lam: float, rise: float = ASCENT_CONVERGED_REFINE) -> bool:
+        """Sweep at multiplier ``lam`` (e.g. the LP's) until a sweep raises the bound by
+        less than ``rise`` of it; kept only if the bound rises, which the return value says."""
         st = self._st
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
-        self.sweeps += st.converge(ASCENT_CONVERGED_REFINE)
+        self.sweeps += st.converge(rise)
         if st.bound() > before:
             return True
         st.restore(snap)
@@ -256,6 +303,12 @@ class Ascent:
 
     def result(self) -> Dual:
         return _finish(self._st, self.sweeps)
+
+    @property
+    def out_of_time(self) -> bool:
+        """Whether the time limit stopped the sweeps (the bound is valid, but another run
+        could reach another one)."""
+        return self._st.out_of_time
 
 
 def _fits(mine: tuple, theirs: tuple) -> bool:
@@ -280,8 +333,9 @@ def ascend(p: Problem) -> Dual:
     return ascent.result()
 
 
-def _search_lam(st: _Ascent) -> int:
-    """Find λ where the bound, maximized over the messages, peaks; returns the sweeps.
+def _search_lam(st: _Ascent, enough: float = math.inf) -> int:
+    """Find λ where the bound, maximized over the messages, peaks (or one where it
+    reaches ``enough``); returns the sweeps.
 
     With the messages converged at λ, the λ that is best for them
     (:func:`~autoplan.ilp.bound.memory_price.best_lam`) lies on the side of the peak:
@@ -305,9 +359,9 @@ def _search_lam(st: _Ascent) -> int:
     b = ga
     gb = g(b) if b > 0 else 0.0
     for _ in range(_LAMBDA_STEPS):
-        if abs(gb) <= LAMBDA_FOUND * b or b == a:
+        if abs(gb) <= LAMBDA_FOUND * b or b == a or best[0] >= enough:
             break
-        if st.deadline is not None and time.perf_counter() > st.deadline:
+        if st._past_deadline():
             break
         c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
         if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step

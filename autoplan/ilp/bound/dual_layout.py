@@ -27,7 +27,13 @@ class End:
         self.bad = (group < 0) & ok  # an allowed strategy with no group cannot be chosen
         members = np.flatnonzero(ok & (group >= 0))
         self.order = members[np.argsort(group[members], kind="stable")]
-        self.present, self.starts = np.unique(group[self.order], return_index=True)
+        # the distinct groups in order and where each begins (np.unique of a sorted array,
+        # without its sort: an end is made per edge per ascent)
+        ordered = group[self.order]
+        self.starts = (
+            np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else ordered
+        )
+        self.present = ordered[self.starts]
         local = np.zeros(int(group.max(initial=0)) + 1, dtype=np.int64)
         local[self.present] = np.arange(len(self.present))
         self.local = local[self.safe]  # compact group of each strategy (0 if none)
@@ -41,14 +47,15 @@ class End:
         self.mat, self.size, self.other = mat, size, other
         self.msg = np.zeros(mat.shape[0] * mat.shape[1])
         self.guard = bool((~np.isfinite(mat)).all(axis=2).any())
+        self._column = (mat.shape[0], mat.shape[1], 1)  # a per-group vector against mat
 
     def row_minima(self) -> np.ndarray:
         """The least potential of each of this end's compact groups (inf where none)."""
-        return np.minimum.reduce(self.mat, axis=2).reshape(-1)
+        return self.mat.min(axis=2).ravel()
 
     def take(self, c: np.ndarray) -> None:
         """Move ``c`` (per compact group) from the edge's potentials to this end's message."""
-        self.mat -= c.reshape(self.mat.shape[0], self.mat.shape[1], 1)
+        self.mat -= c.reshape(self._column)
         self.msg += c
 
     def full_message(self) -> np.ndarray:

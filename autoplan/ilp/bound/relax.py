@@ -27,13 +27,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autoplan.ilp.backends import check_solver, run
-from autoplan.ilp.bound.dual import Ascent
+from autoplan.ilp.bound.dual import Ascent, Dual
 from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.bound.incumbent import cost_of, from_lp, from_plan, memory_of
 from autoplan.ilp.formulation.build import IlpModel, Warm
 from autoplan.ilp.formulation.matrix import Matrix
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.tolerances import (
+    ASCENT_CONVERGED_REFINE,
     BUDGET_BINDS,
     GAP_NOISE,
     LP_NONZERO,
@@ -95,7 +96,11 @@ class Relaxation:
     ``bound + dj[j]``); ``lp_values[r]`` and ``lp_reduced[r]`` the same per strategy of
     class r (a lone strategy has value 1 and price 0, one that cannot be chosen value 0
     and price inf); ``binds`` whether the LP spends the whole memory budget;
-    ``seconds`` the time it took; ``warm`` the state its dual ascent ended in.
+    ``seconds`` the time it took; ``warm`` the state its dual ascent ended in;
+    ``out_of_time`` whether the time limit cut a step short (everything here is still
+    valid, but another run could find another bound or plan); ``dual`` the dual
+    ascent's result, which seeds the ascent on a restriction or an untied copy of this
+    model.
     """
 
     bound: float = math.nan
@@ -109,6 +114,8 @@ class Relaxation:
     binds: bool = False
     seconds: float = 0.0
     warm: Warm | None = None
+    out_of_time: bool = False
+    dual: Dual | None = None
 
     @property
     def upper(self) -> float:
@@ -131,24 +138,37 @@ def relax(
     solver: str = "cbc",
     time_limit_s: float | None = None,
     start: Mapping[str, int] | None = None,
+    seed: tuple[Dual, Problem] | None = None,
+    enough: float = math.inf,
+    settle: float = ASCENT_CONVERGED_REFINE,
 ) -> Relaxation:
     """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
     ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
     drop columns. The bound comes from dual ascent (:mod:`autoplan.ilp.bound.dual`); when
     no plan can be decoded from it, from the LP relaxation solved by ``solver``.
     :func:`~autoplan.ilp.solver.solve.solve` polishes the incumbent when no cheaper plan is
-    known from elsewhere."""
+    known from elsewhere. ``seed`` (the dual of a model of the same cost table, and that
+    model's problem: the model tied, or one this one restricts) starts the ascent; a
+    bound of ``enough`` or more is returned at once, alone (the caller only needs to know
+    that no plan here is cheaper). ``settle`` is how little a sweep must raise the bound,
+    at the LP's multiplier, for the ascent to stop: a search that proves nothing can take
+    the multiplier search's looser tolerance."""
     check_solver(solver)
     began = time.perf_counter()
     m, p = model.emitted.matrix, model.reduced
     if model.infeasible or not m.num_cols:
         return Relaxation()
-    ascent = Ascent(p, time_limit_s=time_limit_s, warm=model.warm)
-    ascent.raise_bound()
+    ascent = Ascent(p, time_limit_s=time_limit_s, warm=model.warm, seed=seed)
+    ascent.raise_bound(enough)
     dual = ascent.result()
+    if dual.bound >= enough:
+        stats = {"bound_us": dual.bound, "sweeps": float(dual.sweeps)}
+        seconds = time.perf_counter() - began
+        return Relaxation(dual.bound, stats, seconds=seconds, out_of_time=ascent.out_of_time)
     found = from_plan(p, decode(p, dual))
     if found is None:
-        return _relax_lp(model, solver, time_limit_s, start, began)
+        whole = _relax_lp(model, solver, time_limit_s, start, began)
+        return replace(whole, out_of_time=whole.out_of_time or ascent.out_of_time)
     dj = column_reduced_costs(p, model.emitted, dual)
     # The LP over the columns the bound prices near zero: its optimum is the full LP's
     # or near it, found in a fraction of the time. It says which strategies the
@@ -158,18 +178,21 @@ def relax(
     x0 = start_vector(model, found[0])
     x, keep = x0.copy(), x0 > 0  # the decoded plan alone is a feasible LP solution
     near = _NEAR_SHARE * (found[1] - dual.bound)
+    out_of_time = ascent.out_of_time
     for _ in range(_NEAR_ROUNDS):
         left = _left(time_limit_s, began)
         if left is not None and left <= 0.0:
+            out_of_time = True
             break  # out of time: the decoded plan and the bound so far stand
         keep = (dj <= max(near, _USED_SHARE * abs(dual.bound))) | (x0 > 0)
         lp = run(m.columns(keep), solver, mip=False, time_limit_s=left, mip_gap=0.0)
+        out_of_time |= lp.stopped_by == "time"
         x = x0.copy()
         if lp.status == "optimal" and lp.x is not None:  # a stopped simplex's x may not hold
             x = np.zeros(m.num_cols)
             x[keep] = lp.x
         lam = _memory_multiplier(m, lp.y, dual.lam)
-        if lam is not None and ascent.refine(lam):
+        if lam is not None and ascent.refine(lam, settle):
             refined = ascent.result()
             if refined.bound > dual.bound:
                 dual, dj = refined, column_reduced_costs(p, model.emitted, refined)
@@ -191,7 +214,12 @@ def relax(
     relaxation = _relaxation(
         model, dual.bound, stats, found, x, dj, values, dual.reduced, _binds(p, values), began
     )
-    return replace(relaxation, warm=ascent.warm())
+    return replace(
+        relaxation,
+        warm=ascent.warm(),
+        out_of_time=out_of_time or ascent.out_of_time,
+        dual=dual,
+    )
 
 
 def _left(time_limit_s: float | None, began: float) -> float | None:
@@ -268,7 +296,7 @@ def _relax_lp(
     m, p = model.emitted.matrix, model.reduced
     lp = run(m, solver, mip=False, time_limit_s=time_limit_s, mip_gap=0.0)
     if lp.status != "optimal" or lp.x is None or lp.dj is None:
-        return Relaxation(seconds=time.perf_counter() - began)
+        return Relaxation(seconds=time.perf_counter() - began, out_of_time=lp.stopped_by == "time")
     bound = float(m.cost @ lp.x) + m.offset
     values = class_values(model, lp.x)
     reduced = _per_class(model, lp.dj, absent=math.inf, lone=0.0)

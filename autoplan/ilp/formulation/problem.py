@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.components import components
-from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
 from autoplan.ilp.reductions.tying import edge_key
 from autoplan.ilp.tolerances import ADDITIVE_RTOL
@@ -53,9 +53,11 @@ class InfeasibleError(ValueError):
 class Edge:
     """A class edge: ``cost[src_group[i], dst_group[j]]`` when src picks i and dst picks j.
 
-    ``name`` is the first graph edge it stands for, for messages. Groups of
-    strategies that cannot be chosen are ``-1``; ``compact`` says every row and
-    column is used and distinct.
+    ``name`` is the first graph edge it stands for, for messages; ``sources`` the
+    positions in the cost table's ``edges`` of all of them (a dual ascent on another
+    problem of the same table finds its own edge by them). Groups of strategies that
+    cannot be chosen are ``-1``; ``compact`` says every row and column is used and
+    distinct.
     """
 
     src: str
@@ -73,6 +75,7 @@ class Edge:
     row_state: np.ndarray | None = None
     col_state: np.ndarray | None = None
     net_scale: float = 1.0
+    sources: tuple[int, ...] = ()
 
 
 @dataclass
@@ -130,13 +133,14 @@ def lower(
             r = rep[p]
             memory[r] = memory[r] + m if r in memory else np.asarray(m, dtype=np.float64).copy()
     tied = any(v != r for v, r in rep.items())
-    grouped: dict[tuple[str, str, str], list[EdgeCost]] = {}
-    for e in costs.edges:
+    grouped: dict[tuple[str, str, str], list[int]] = {}
+    for j, e in enumerate(costs.edges):
         # untied edges never share variables: no need to hash their prices
-        key = (edge_keys or {}).get(id(e)) or (edge_key(e) if tied else str(id(e)))
-        grouped.setdefault((rep[e.src], rep[e.dst], key), []).append(e)
+        key = (edge_keys or {}).get(id(e)) or (edge_key(e) if tied else str(j))
+        grouped.setdefault((rep[e.src], rep[e.dst], key), []).append(j)
     edges = []
-    for (src, dst, _), es in grouped.items():
+    for (src, dst, _), js in grouped.items():
+        es = [costs.edges[j] for j in js]
         e = es[0]
         cost = e.cost * len(es) if len(es) > 1 else e.cost
         if src == dst:  # both ends take the same strategy: a linear cost
@@ -154,6 +158,7 @@ def lower(
                 row_state=e.row_state,
                 col_state=e.col_state,
                 net_scale=float(len(es)),
+                sources=tuple(js),
             )  # fmt: skip
         )
     return Problem(linear, memory, edges, rep, memory_budget_bytes, _class_blocks(costs, rep))

@@ -25,11 +25,12 @@ from autoplan.ilp.formulation.build import IlpModel
 from autoplan.ilp.solver.solve import Solution, solve
 from autoplan.ilp.untying.untie import untie_under_budget, worth_untying
 
-# The tied MIP that checks no tied plan beats the untied one gets this long, at least,
-# or as long as the tied relaxation took when that is longer; cut, the plan is returned
-# with status time_limit and its gap to the tied bound. It gets a floor of its own, not
-# the user's whole limit: it can only find a tied plan cheaper by at most that gap.
-PROOF_MIN_S = 10.0
+# The tied MIP that checks no tied plan beats the untied one stops after this many
+# branch-and-bound nodes (per MIP, under the branching on modes), a limit of work that
+# gives the same plan on any machine; cut there, the plan is returned with status
+# node_limit and its gap to the tied bound. It gets a limit of its own, not the user's
+# whole time: it can only find a tied plan cheaper by at most that gap.
+PROOF_NODES = 2000
 
 
 def solve_ilp(
@@ -50,10 +51,9 @@ def solve_ilp(
     plan is cheaper, and with a cutoff that close to the LP bound most columns go. Its
     status and bound are the tied MIP's: ``optimal`` says no tied plan beats the plan
     returned (:mod:`autoplan.ilp.untying.untie` says what is known about untied ones).
-    That MIP gets :data:`PROOF_MIN_S` or the relaxation's seconds, whichever is longer
-    (less when ``time_limit_s`` leaves less); cut there, the untied plan comes back with
-    status ``time_limit`` and its ``proof_budget_s`` set. Without ``fixing``, the MIP runs
-    alone on the whole model.
+    That MIP stops at :data:`PROOF_NODES` nodes; cut there, the untied plan comes back
+    with status ``node_limit`` and its ``proof_nodes`` set. Without ``fixing``, the MIP
+    runs alone on the whole model. No step reads the clock but to keep ``time_limit_s``.
     """
     if not fixing:
         return solve(
@@ -62,17 +62,12 @@ def solve_ilp(
     relaxed = relax(model, solver=solver, time_limit_s=time_limit_s)
     untied = None
     left = time_limit_s
-    budget = None  # the proof's own limit, when it is below the user's
     if untie and worth_untying(model, relaxed):
         untied = untie_under_budget(
             costs, model, relaxed, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap
         )
         if left is not None:
             left = max(1.0, left - untied.seconds)
-        proof = max(PROOF_MIN_S, relaxed.seconds)
-        if left is None or relaxed.seconds + proof < left:
-            budget = proof  # solve counts the relaxation's seconds against its limit
-            left = relaxed.seconds + proof
     tied = solve(
         model,
         solver=solver,
@@ -80,23 +75,26 @@ def solve_ilp(
         mip_gap=mip_gap,
         relaxed=relaxed,
         cutoff=untied.objective_us if untied is not None else math.inf,
+        max_nodes=PROOF_NODES if untied is not None else None,
     )
     tied = replace(tied, warm=relaxed.warm)  # every plan returned below is made from it
     if untied is None:
         return tied, 0
     seconds = tied.solve_seconds + untied.seconds
-    cut = budget if tied.status == "time_limit" else None
+    status = "time_limit" if untied.out_of_time else tied.status
+    cut = PROOF_NODES if status == "node_limit" else None
     if not tied.choice or untied.objective_us >= tied.objective_us:
-        return replace(tied, solve_seconds=seconds, proof_budget_s=cut), 0
+        return replace(tied, status=status, solve_seconds=seconds, proof_nodes=cut), 0
     rep = model.reduced.rep
     split = {rep[v] for v, i in untied.choice.items() if i != untied.choice[rep[v]]}
     # The tied bound is no bound on the untied optimum: it is capped at the plan.
     merged = replace(
         tied,
+        status=status,
         objective_us=untied.objective_us,
         choice=untied.choice,
         solve_seconds=seconds,
         bound_us=min(tied.bound_us, untied.objective_us),  # nan stays nan
-        proof_budget_s=cut,
+        proof_nodes=cut,
     )
     return merged, len(split)

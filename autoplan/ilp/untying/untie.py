@@ -21,10 +21,10 @@ the tied bound, no MIP runs here. Otherwise each weight (a node with a memory
 footprint) keeps the strategies within the tied incumbent's gap by that measure;
 every other node keeps the strategies the LP uses, plus the incumbent's own. The
 untied ILP over those (one node per copy) starts from the better of the mix and the
-tied incumbent, stops within ``_CLOSE`` of its own bound and is given as long as the
-relaxation took, and at least ``_MIN_S``; if its plan is still more than ``_CLOSE``
-above the tied bound, a second pass applies the reduced-cost test to every node. The
-plan is priced exactly and kept only when cheaper.
+tied incumbent, stops within ``_CLOSE`` of its own bound or at ``_PASS_NODES``
+branch-and-bound nodes (a limit of work: the same plan on any machine); if its plan is
+still more than ``_CLOSE`` above the tied bound, a second pass applies the reduced-cost
+test to every node. The plan is priced exactly and kept only when cheaper.
 
 Nothing is proved about the untied optimum: on layers coupled only by the budget it
 is found exactly (tests/test_untie.py); elsewhere it is the best plan found near the
@@ -45,20 +45,20 @@ from autoplan.ilp.bound.relax import Relaxation
 from autoplan.ilp.formulation.build import IlpModel, build_ilp
 from autoplan.ilp.formulation.problem import InfeasibleError
 from autoplan.ilp.solver.solve import solve
-from autoplan.ilp.tolerances import LP_USED, ROUNDING_RTOL
+from autoplan.ilp.tolerances import ASCENT_CONVERGED_SEARCH, LP_USED, ROUNDING_RTOL
 from autoplan.ilp.untying.mix import mix_layers
 
 # Each pass stops within _CLOSE of its own bound. The second pass (every node) runs when
 # the first pass's plan is more than _CLOSE above the tied LP bound. A pass runs only when
 # it keeps at most _MAX_GROWTH[everywhere] times the strategies the tied ILP had in all:
-# a larger untied ILP does not solve within the pass's time.
+# a larger untied ILP does not solve within the pass's node limit.
 _CLOSE = 1e-3
 _MAX_GROWTH = {False: 10, True: 4}
-# The untied solve may take _TIME_SHARE times the tied relaxation's seconds, at least
-# _MIN_S: the relaxation is quick, and a shorter floor leaves the second pass on a small
-# model without a plan.
-_TIME_SHARE = 1.0
-_MIN_S = 10.0
+# Each pass's MIP stops after this many branch-and-bound nodes, and its branching on
+# checkpointing modes after this many MIPs: it searches, it proves nothing, and the tied
+# MIP after it checks the plan it gives.
+_PASS_NODES = 200
+_PASS_LEAVES = 8
 
 
 def worth_untying(model: IlpModel, relaxed: Relaxation) -> bool:
@@ -97,11 +97,13 @@ def _narrow(
 
 @dataclass(frozen=True)
 class Untied:
-    """The untied ILP's best plan (a strategy per node), its cost and the seconds spent."""
+    """The untied ILP's best plan (a strategy per node), its cost, the seconds spent and
+    whether the time limit cut a pass short (then another run may find another plan)."""
 
     choice: dict[str, int]
     objective_us: float
     seconds: float
+    out_of_time: bool = False
 
 
 def untie_under_budget(
@@ -117,17 +119,16 @@ def untie_under_budget(
     docstring), starting from the tied incumbent of ``relaxed``; never dearer than it."""
     assert relaxed.choice is not None, "worth_untying checks there is an incumbent"
     p = model.reduced
-    seconds = max(_MIN_S, _TIME_SHARE * relaxed.seconds)
-    if time_limit_s is not None:
-        seconds = min(seconds, max(1.0, time_limit_s - relaxed.seconds))
     best = {v: relaxed.choice[r] for v, r in p.rep.items()}
-    cost, spent = relaxed.upper, 0.0
+    cost, spent, out_of_time = relaxed.upper, 0.0, False
     began = time.perf_counter()
     mixed = mix_layers(costs, model, relaxed)
     spent += time.perf_counter() - began
     if mixed is not None and mixed[1] < cost - ROUNDING_RTOL * max(1.0, abs(cost)):
         best, cost = mixed  # cheaper by more than a float sum's order
-    for everywhere in (False, True):
+    # With checkpointing modes in the ILP the first pass is left out: it holds every node
+    # but the weights at the LP's strategies, and splitting a layer group's mode needs others.
+    for everywhere in (True,) if p.blocks else (False, True):
         gap = cost - relaxed.bound
         if gap <= _CLOSE * abs(cost):
             break  # the mix, or the first pass, is within _CLOSE of the tied bound
@@ -141,10 +142,22 @@ def untie_under_budget(
             untied = build_ilp(costs, allowed=narrowed, memory_budget_bytes=p.budget)
         except InfeasibleError:  # best's plan is in it, so this does not happen
             break
+        left = None
+        if time_limit_s is not None:
+            left = max(1.0, time_limit_s - relaxed.seconds - spent)
         found = solve(
-            untied, solver=solver, time_limit_s=seconds, mip_gap=max(mip_gap, _CLOSE), start=best
+            untied,
+            solver=solver,
+            time_limit_s=left,
+            mip_gap=max(mip_gap, _CLOSE),
+            start=best,
+            max_nodes=_PASS_NODES,
+            max_leaves=_PASS_LEAVES,
+            settle=ASCENT_CONVERGED_SEARCH,  # its prices only steer a search
+            seed=(relaxed.dual, p) if relaxed.dual is not None else None,
         )
         spent += found.solve_seconds
+        out_of_time |= found.status == "time_limit"
         if found.choice and found.objective_us < cost:
             best, cost = found.choice, found.objective_us
-    return Untied(best, cost, spent)
+    return Untied(best, cost, spent, out_of_time)
