@@ -120,9 +120,10 @@ class LoweredStep:
         self.buckets = buckets
         # per backward placeholder: its index in saved, or -1 - k for the k-th cotangent
         self._backward_inputs = backward_inputs
-        # every call returns only once gloo's worker threads have let go of the buffers
+        # an eager call returns only once gloo's worker threads have let go of the buffers
         # its collectives held (autoplan.release: a worker left holding one at exit can
-        # abort the process)
+        # abort the process); compiled, the buffers are Inductor's and this holds none
+        # (holding them would break the compiled graph at every collective: docs/apply.md)
         self._keeper = Keeper()
         # eager: the generated code itself, not the module call, so module hooks and
         # trackers (CommDebugMode's) never see a module that runs inside a backward
