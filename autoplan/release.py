@@ -17,13 +17,14 @@ A job that finished its work and called ``destroy_process_group`` then fails at 
 (pytorch/pytorch#179291 describes the race; the process groups a ``DeviceMesh`` holds,
 with their threads, live until the interpreter's teardown).
 
-So a collective is handed detached aliases (:meth:`torch.Tensor.detach`: a new tensor
-on the same storage, with no Python object of its own in C++) that the keeper holds
-until the worker has dropped them: an alias's use count falls back to one, the
-keeper's own reference. The worker then never frees a Python object, it needs no GIL,
-and no program returns while a worker still holds one of its buffers. The keeper lets
-each buffer go at the first collective or wait after its release (then the program's
-own references decide, as before).
+So a collective is handed detached aliases of its inputs (:meth:`torch.Tensor.detach`:
+a new tensor on the same storage, which nothing but the keeper and the collective
+references), and the keeper holds them and the collective's outputs until the worker has
+dropped them: a tensor's use count falls back to one, the keeper's own reference. Python
+still owns each of them when the worker lets go, so the worker frees no Python object
+and needs no GIL, and no program returns while a worker still holds one of its buffers.
+The keeper lets each buffer go at the first collective or wait after its release (then
+the program's own references decide, as before).
 """
 
 from __future__ import annotations
