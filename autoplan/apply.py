@@ -36,6 +36,7 @@ from autoplan.inputs import InputKey, call_form, flatten_inputs, label
 from autoplan.placements import Placements, fmt, parse, sharded_dim
 from autoplan.plan import Plan
 from autoplan.planned_module import PlannedState, install
+from autoplan.release import full_tensors
 from autoplan.trace import LossFn
 
 __all__ = ["check_mesh", "full_gradients", "input_placements", "parallelize", "shard_inputs"]
@@ -317,13 +318,9 @@ def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
     A collective on DTensor gradients: call it on every rank. Parameters without a
     gradient are left out.
     """
-    grads = {}
-    for fqn, param in model.named_parameters():
-        if param.grad is None:
-            continue
-        g = param.grad
-        grads[fqn] = g.full_tensor() if isinstance(g, DTensor) else g
-    return grads
+    named = [(fqn, p.grad) for fqn, p in model.named_parameters() if p.grad is not None]
+    full = full_tensors([g for _, g in named])  # no buffer left on a gloo worker thread
+    return {fqn: g for (fqn, _), g in zip(named, full, strict=True)}
 
 
 def input_placements(plan: Plan) -> list[Placements]:

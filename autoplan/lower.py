@@ -42,6 +42,7 @@ from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.fold_views import fold_views
 from autoplan.graph import forward_part
 from autoplan.placements import Placements, fmt
+from autoplan.release import Keeper, hold_collectives
 from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
 
 __all__ = ["CommCounter", "LoweredStep", "OutputSpec", "SavedValue", "defer_waits", "lower"]
@@ -119,10 +120,15 @@ class LoweredStep:
         self.buckets = buckets
         # per backward placeholder: its index in saved, or -1 - k for the k-th cotangent
         self._backward_inputs = backward_inputs
+        # an eager call returns only once gloo's worker threads have let go of the buffers
+        # its collectives held (autoplan.release: a worker left holding one at exit can
+        # abort the process); compiled, the buffers are Inductor's and this holds none
+        # (holding them would break the compiled graph at every collective: docs/apply.md)
+        self._keeper = Keeper()
         # eager: the generated code itself, not the module call, so module hooks and
         # trackers (CommDebugMode's) never see a module that runs inside a backward
         wrap: Callable[[fx.GraphModule], Callable[..., list[torch.Tensor]]] = (
-            torch.compile if compile else (lambda gm: gm.forward)
+            torch.compile if compile else (lambda gm: hold_collectives(gm, self._keeper).forward)
         )
         self._fwd, self._bwd, self._inf = wrap(forward), wrap(backward), wrap(inference)
 
@@ -141,6 +147,7 @@ class LoweredStep:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The output shards and the saved values."""
         out = self._fwd(*primals)
+        self._keeper.settle()
         n = len(self.outputs)
         return list(out[:n]), list(out[n:])
 
@@ -149,11 +156,15 @@ class LoweredStep:
     ) -> dict[str, torch.Tensor]:
         """Each gradient's local shard, keyed by parameter FQN."""
         args = [saved[i] if i >= 0 else tangents[-1 - i] for i in self._backward_inputs]
-        return dict(zip(self.grad_fqns, self._bwd(*args), strict=True))
+        grads = self._bwd(*args)
+        self._keeper.settle()
+        return dict(zip(self.grad_fqns, grads, strict=True))
 
     def run_inference(self, primals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The output shards, nothing saved."""
-        return list(self._inf(*primals))
+        out = list(self._inf(*primals))
+        self._keeper.settle()
+        return out
 
     def collectives(self) -> dict[str, int]:
         """How many collectives of each kind a training step (forward and backward) runs,

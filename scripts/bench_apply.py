@@ -213,10 +213,11 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
                 print(case, json.dumps(row), flush=True)
         if rank == 0:
             write_text(out, json.dumps(rows))
+        # every rank here: a gloo worker thread still finishing a collective of the
+        # baselines takes the GIL while this one waits, not at the interpreter's teardown
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def main() -> None:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -168,8 +166,6 @@ def _worker(rank: int, port: int, out: str, settings: list[dict]) -> None:
         write_text(Path(out, f"rank{rank}.json"), json.dumps(results))
     finally:
         dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # gloo's threads may abort the interpreter's teardown (tests/helpers/gloo.py)
 
 
 def _setting(d: dict) -> Setting:

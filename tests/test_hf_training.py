@@ -5,7 +5,9 @@ configs, as ``transformers`` builds them (``forward(input_ids=, labels=)`` retur
 output object whose ``loss`` the model computes), are planned in the job from a dict
 ``input_fn`` (``input_ids``, ``attention_mask``, ``labels``) under a memory budget that
 makes them shard (LLaMA with full activation checkpointing), and train three AdamW steps
-fed keyword batches: each loss equal to one device's. Then the bad calls a user makes.
+fed keyword batches: each loss equal to one device's, and no gloo worker thread left to
+free a buffer of the step's collectives once a backward or ``full_gradients`` returns (the
+state that aborts a job at exit). Then the bad calls a user makes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
+from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.models import hf
 from autoplan.placements import fmt
-from tests.helpers.gloo import run_workers
+from tests.helpers.gloo import gil_waiters, run_workers
 
 pytest.importorskip("transformers")
 
@@ -67,11 +69,15 @@ def _train(kind: str, mesh) -> dict:
     pm = parallelize(copy.deepcopy(ref), plan, mesh)
     opt = torch.optim.AdamW(pm.parameters(), lr=LR)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
-    losses = []
-    for _ in range(3):  # one batch, fitted: the loss must fall
+    losses, waiting = [], []
+    for step in range(3):  # one batch, fitted: the loss must fall
         batch = _batch(0)
         out = pm(**shard_inputs(batch, plan, mesh))
         out.loss.backward()
+        waiting.append(gil_waiters())
+        if step == 2:  # a collective of its own, as a check at a job's end would run
+            full_gradients(pm)
+            waiting.append(gil_waiters())
         opt.step()
         opt.zero_grad()
         ref_loss = ref(**batch).loss
@@ -97,6 +103,7 @@ def _train(kind: str, mesh) -> dict:
         "recomputed": len(plan.recompute),
         "output": type(out).__name__,
         "losses": losses,
+        "waiting": waiting,
         "errors": errors,
     }
 
@@ -130,6 +137,15 @@ def test_out_loss_trains_as_on_one_device(job, kind):
             assert parallel == pytest.approx(one, rel=1e-4)
         first, last = r[kind]["losses"][0][0], r[kind]["losses"][-1][0]
         assert last < first
+
+
+def test_no_gloo_worker_is_left_to_free_a_buffer_after_a_step(job):
+    """After each backward and after full_gradients, no gloo worker thread waits for the GIL
+    to free a buffer of the step's collectives: the state in which the interpreter's
+    teardown aborts the process ("terminate called without an active exception")."""
+    for rank, r in enumerate(job):
+        for kind in CONFIGS:
+            assert r[kind]["waiting"] == [0, 0, 0, 0], (rank, kind, r[kind]["waiting"])
 
 
 @pytest.mark.parametrize(

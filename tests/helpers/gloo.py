@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
-import os
 import socket
 import sys
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,21 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def exit_worker() -> None:
-    """End a spawned worker that finished its work and destroyed its process group.
-
-    Without this, the interpreter's teardown sometimes aborts the process (``terminate
-    called without an active exception``, SIGABRT) after every check passed and the
-    results were written: gloo's threads still hold work with tensors when the
-    interpreter goes away (pytorch/pytorch#179291 describes it). In this suite it hit 2
-    of 9 runs of tests/test_apply.py in one afternoon. A worker that raised still exits
-    through ``mp.spawn``'s own path, which reports the error.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def run_workers(fn, world: int, out_dir: str, *args) -> list:
@@ -55,6 +42,44 @@ def _worker(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> 
     try:
         result = fn(rank, *args)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        # every rank here: a gloo worker thread still finishing a collective of the test's
+        # own (autoplan's calls return only once theirs are done, autoplan.release) takes
+        # the GIL while this one waits, rather than at the interpreter's teardown
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-    exit_worker()
+
+
+def gil_waiters(hold_s: float = 0.2) -> int:
+    """How many threads Python did not start are waiting for (or holding) the GIL after
+    this one has held it for ``hold_s`` seconds.
+
+    A gloo worker thread that must free a Python object takes the GIL for it (pybind11
+    gives the thread a Python thread state first); the interpreter's teardown ends such a
+    thread inside a destructor, which aborts the process (autoplan.release). Holding the
+    GIL long enough for any such worker to be waiting, then counting the thread states
+    beyond Python's own threads, shows whether one was left at this point.
+    """
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)  # no hand-over to a waiting thread while holding
+    try:
+        end = time.perf_counter() + hold_s
+        while time.perf_counter() < end:
+            pass
+        return _thread_states() - threading.active_count()
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _thread_states() -> int:
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Main.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    count, state = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Main())
+    while state:
+        count += 1
+        state = api.PyThreadState_Next(state)
+    return count
