@@ -54,6 +54,9 @@ algbw`` and runs the cheapest (NVIDIA/nccl ``src/graph/tuning.cc``,
   (the NIC once nodes > 1) bounds it; its latency is that of an n-1 step ring,
   the round count of pairwise exchange (Thakur, Rabenseifner and Gropp 2005).
 
+A calibrated topology (``Topology.collectives``, :mod:`autoplan.cost.measured`) replaces
+all of the above, for the ops and link classes it measured, by its own ring fit.
+
 Sizes follow nccl-tests (``PERFORMANCE.md``): all_gather / reduce_scatter take
 the full gathered buffer, all_reduce the buffer, all_to_all one rank's send
 buffer. Bus bandwidth is nccl-tests' ``busbw``: algbw x 2(n-1)/n for
@@ -66,6 +69,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from autoplan.cost.measured import LinkFit
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
 
@@ -154,6 +158,10 @@ class _Candidate:
         # ramp_bytes never fills the pipeline and moves at about half the rate.
         ramp = self.ramp_us * nbytes / (nbytes + self.ramp_bytes) if self.ramp_bytes else 0.0
         return self.latency_us + ramp + nbytes * per_byte
+
+
+# What ``choice`` names for a group priced by its measured fit.
+_MEASURED = _Candidate("Measured", "fit", 0.0, 0.0, 0.0, 0.0, -1)
 
 
 def _candidate(
@@ -295,7 +303,15 @@ class CollectiveModel:
             _check(op, nbytes, p, m, dtype_bytes)
         if not candidates or nbytes == 0:
             return None
-        return _best(candidates, _padded(nbytes, int(p) * int(m), dtype_bytes))
+        padded = _padded(nbytes, int(p) * int(m), dtype_bytes)
+        measured = self._measured(op, int(m))
+        if measured is not None:
+            return measured.time_us(op, padded, int(p) * int(m)), _MEASURED
+        return _best(candidates, padded)
+
+    def _measured(self, op: str, nodes: int) -> LinkFit | None:
+        fits = self.topology.collectives
+        return None if fits is None else fits.fit(op, nodes)
 
     def time_us(
         self, op: str, nbytes: float, ranks_per_node: int, nodes: int, *, dtype_bytes: int = 2
@@ -325,12 +341,9 @@ def collective_time_us(
 
     For many calls on one topology, hold a ``CollectiveModel`` instead: it caches.
     """
-    _check(op, nbytes, ranks_per_node, nodes, dtype_bytes)
-    p, m = int(ranks_per_node), int(nodes)
-    if p * m == 1 or nbytes == 0:
-        return 0.0
-    time, _ = _best(_candidates(op, p, m, topology), _padded(nbytes, p * m, dtype_bytes))
-    return time
+    return CollectiveModel(topology).time_us(
+        op, nbytes, ranks_per_node, nodes, dtype_bytes=dtype_bytes
+    )
 
 
 def algorithm_choice(

@@ -3,7 +3,7 @@
 Input: a node's op, its argument structure and a strategy's placements.
 Output: estimated kernel time in microseconds on the topology's device.
 
-    t = max(FLOPs / (peak · eff_flops), bytes / (HBM · eff_mem)) + floor
+    t = max(FLOPs / (peak · eff_flops), bytes / (HBM · eff_mem)) + overhead
 
 FLOPs come from ``torch.utils.flop_counter``'s registry (einsum's formula added by
 :func:`autoplan.cost.flops.op_flops`), evaluated on meta tensors of the *local* shapes,
@@ -11,10 +11,9 @@ so a strategy that shards a contracted dim pays for its share only. Bytes are
 the local inputs read plus local outputs written. View and alias ops cost
 nothing (no kernel runs).
 
-Efficiencies (why these numbers): large bf16 GEMMs reach 70-80 % of the
-dense tensor-core peak on H100 in cuBLAS; streaming kernels reach 80-90 % of
-HBM bandwidth. We take 0.7 and 0.8. The floor (2 us) stands for a kernel
-launch plus tail effects that tiny kernels cannot hide.
+The efficiencies and the per-op overhead are the device's
+(:class:`autoplan.cost.topology.Device`): datasheet shares for the presets, measured
+figures for a calibrated topology (``autoplan calibrate``).
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ from autoplan.cost.topology import Device
 from autoplan.graph import map_args, static_args
 from autoplan.placements import Placements, local_shape, num_elements
 from autoplan.strategies.table import NodeStrategies, Strategy
-
-EFF_FLOPS = 0.7
-EFF_MEM = 0.8
-KERNEL_FLOOR_US = 2.0
 
 aten = torch.ops.aten
 
@@ -78,9 +73,10 @@ class ComputeModel:
         flops = self._node_flops(node, in_shapes, out_shapes)
         low = any(t is not None and t.dtype in _LOW_PRECISION for t in ns.out_tensors)
         peak = self.device.peak_bf16_tflops if low else self.device.peak_fp32_tflops
-        t_flops = flops / (peak * 1e6 * EFF_FLOPS)  # TFLOP/s = 1e6 FLOP/us
-        t_mem = nbytes / (self.device.hbm_gbps * 1e3 * EFF_MEM)  # GB/s = 1e3 B/us
-        return max(t_flops, t_mem) + KERNEL_FLOOR_US
+        d = self.device
+        t_flops = flops / (peak * 1e6 * d.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
+        t_mem = nbytes / (d.hbm_gbps * 1e3 * d.memory_efficiency)  # GB/s = 1e3 B/us
+        return max(t_flops, t_mem) + d.op_overhead_us
 
     def _node_flops(
         self,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from autoplan.cost.measured import Calibration, CollectiveFits
 from autoplan.errors import PlanError
 
 
@@ -48,12 +49,25 @@ class Device:
     """HBM bandwidth, GB/s (10^9 bytes per second)."""
     memory_gib: float
     """HBM capacity, GiB; we take the datasheet's "GB" figure (NVIDIA sizes HBM in binary units)."""
+    flops_efficiency: float = 0.7
+    """Share of the peak a large matmul reaches: cuBLAS's large bf16 GEMMs reach 70-80 % of
+    H100's dense peak. A calibrated device measures its peak and keeps 1."""
+    memory_efficiency: float = 0.8
+    """Share of ``hbm_gbps`` a streaming kernel reaches (80-90 % on HBM)."""
+    op_overhead_us: float = 2.0
+    """Fixed cost of every kernel: a launch and the tail a tiny kernel cannot hide on a GPU,
+    the dispatch of an eager op on a CPU."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise PlanError(f"Device.name ({self.name!r}) must be a non-empty string.")
         for field in ("peak_bf16_tflops", "peak_fp32_tflops", "hbm_gbps", "memory_gib"):
             _check_number(f"Device.{field}", getattr(self, field), positive=True)
+        for field in ("flops_efficiency", "memory_efficiency"):
+            _check_number(f"Device.{field}", getattr(self, field), positive=True)
+            if getattr(self, field) > 1:
+                raise PlanError(f"Device.{field} ({getattr(self, field)}) must be at most 1.")
+        _check_number("Device.op_overhead_us", self.op_overhead_us)
 
     @staticmethod
     def preset(name: str) -> Device:
@@ -103,6 +117,11 @@ class Topology:
     network hop latencies are scaled with it."""
     nvls: bool = True
     """NVLink SHARP (NVLS): the NVSwitches reduce in-network (Hopper and later)."""
+    collectives: CollectiveFits | None = None
+    """Measured collectives (``autoplan calibrate``); they replace the NCCL-style model for
+    the ops and link classes they cover."""
+    calibration: Calibration | None = None
+    """Where a calibrated topology's figures come from (None: a datasheet preset)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, Device):
@@ -117,6 +136,10 @@ class Topology:
         _check_number("Topology.inter_node_latency_us", self.inter_node_latency_us)
         if not isinstance(self.nvls, bool):
             raise PlanError(f"Topology.nvls ({self.nvls!r}) must be true or false.")
+        if self.collectives is not None and not isinstance(self.collectives, CollectiveFits):
+            raise PlanError(f"Topology.collectives ({self.collectives!r}) must be CollectiveFits.")
+        if self.calibration is not None and not isinstance(self.calibration, Calibration):
+            raise PlanError(f"Topology.calibration ({self.calibration!r}) must be a Calibration.")
 
     @staticmethod
     def preset(name: str) -> Topology:
@@ -145,17 +168,36 @@ class Topology:
             device = _device_from(spec, source)  # raises, naming the file, if unknown
             base = cls.preset(spec) if isinstance(spec, str) else cls(device=device)
         kwargs: dict[str, Any] = {}
+        if "calibration" in values:  # first: a foreign format is refused before its figures
+            kwargs["calibration"] = Calibration.from_dict(
+                values.pop("calibration"), f"{source}: calibration"
+            )
+        if "collectives" in values:
+            kwargs["collectives"] = CollectiveFits.from_dict(
+                values.pop("collectives"), f"{source}: collectives"
+            )
         for key, value in values.items():
             if key not in _TOPOLOGY_TYPES:
+                allowed = ["device", "collectives", "calibration", *_TOPOLOGY_TYPES]
                 raise PlanError(
                     f"{source}: unknown topology key {key!r} (value {value!r}); "
-                    f"allowed: {', '.join(sorted(['device', *_TOPOLOGY_TYPES]))}."
+                    f"allowed: {', '.join(sorted(allowed))}."
                 )
             kwargs[key] = _typed(f"topology key {key!r}", value, _TOPOLOGY_TYPES[key], source)
         try:
             return dataclasses.replace(base, **kwargs)
         except ValueError as e:
             raise PlanError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML mapping :meth:`from_dict` reads back as this topology."""
+        out: dict[str, Any] = {"device": dataclasses.asdict(self.device)}
+        out |= {key: getattr(self, key) for key in _TOPOLOGY_TYPES}
+        if self.collectives is not None:
+            out["collectives"] = self.collectives.to_dict()
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_dict()
+        return out
 
 
 _TOPOLOGIES: Mapping[str, Topology] = MappingProxyType(
@@ -175,7 +217,12 @@ _TOPOLOGIES: Mapping[str, Topology] = MappingProxyType(
 )
 
 _DEVICE_TYPES = {f.name: f.type for f in dataclasses.fields(Device)}
-_TOPOLOGY_TYPES = {f.name: f.type for f in dataclasses.fields(Topology) if f.name != "device"}
+_DEVICE_REQUIRED = [f.name for f in dataclasses.fields(Device) if f.default is dataclasses.MISSING]
+_TOPOLOGY_TYPES = {
+    f.name: f.type
+    for f in dataclasses.fields(Topology)
+    if f.name not in ("device", "collectives", "calibration")
+}
 
 
 def _device_from(value: Any, source: str) -> Device:
@@ -199,7 +246,7 @@ def _device_from(value: Any, source: str) -> Device:
                 f"allowed: {', '.join(_DEVICE_TYPES)}."
             )
         kwargs[key] = _typed(f"device key {key!r}", item, _DEVICE_TYPES[key], source)
-    missing = [k for k in _DEVICE_TYPES if k not in kwargs]
+    missing = [k for k in _DEVICE_REQUIRED if k not in kwargs]
     if missing:
         raise PlanError(f"{source}: device is missing {', '.join(missing)}.")
     try:
