@@ -1,0 +1,428 @@
+"""Estimated against measured step times: does the cost model price and rank plans as the
+machine that runs them does?
+
+For three models (the tiny LLaMA of ``scripts/bench_apply.py``, a Hugging Face Qwen2
+built from its config, a residual MLP) and nine candidate plans each, planned on a fake
+mesh with the topology given (a calibrated file, ``autoplan calibrate``), then run with
+``autoplan.parallelize`` on 4 processes:
+
+- ``ddp``: every parameter ``R`` on dp=4;
+- ``fsdp``: every parameter ``S(0)`` on dp=4;
+- ``tp``: torchtitan's layout on (dp=2, tp=2): the attention's and feed-forward's input
+  projections colwise ``S(0)`` on tp, the output projections rowwise ``S(1)``, all
+  ``S(0)`` on dp;
+- ``free``, ``free-b1``, ``free-b2``: the planner's own choice on (dp=2, tp=2), with no
+  budget, then under two budgets that count activations, checkpointing ``auto``: halfway
+  from the free plan's footprint (parameters, gradients, optimizer state, activations)
+  down to the FSDP plan's, and the FSDP plan's;
+- ``pins-0``..``pins-2``: each parameter pinned to a random placement on (dp=2, tp=2).
+
+A step is ``loss = model(x); loss.backward()`` with the loss planned inside the model
+(``loss_fn``), which is what a plan's estimate covers; the optimizer's update is not
+timed. Each candidate's figure is the median over ``--steps`` steps after ``--warmup``,
+the slowest rank's time, the candidates taking turns step by step. The table gives each
+plan's estimate (``Plan.estimated_step_us``: the objective with its buckets), the
+measured step and the error; per model, Spearman's rank correlation over the candidates
+and where the planner's pick (``free``) lands among the measured. Writes its section of
+benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal drawn).
+
+    torchrun --nproc-per-node 4 --no-python autoplan calibrate --mesh 2x2 --names dp,tp --out cpu.yaml
+    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--warmup 2] [--model llama ...]
+    python scripts/fidelity.py --topology h100 --device cuda   # on a machine with 4 GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from results_md import RESULTS, ROOT, write_section  # scripts/results_md.py
+from scipy.stats import spearmanr
+from torch.distributed.device_mesh import init_device_mesh
+
+import autoplan
+from autoplan.apply import parallelize, shard_inputs
+from autoplan.errors import PlanError
+from autoplan.models import hf
+from autoplan.models.llama3 import ModelArgs, Transformer
+from autoplan.models.mlp import TinyMLP
+from autoplan.plan import Plan
+from autoplan.runfile import load_topology
+
+WORLD = 4
+BATCH, SEQ = 8, 128
+LLAMA = ModelArgs(
+    dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=1024, multiple_of=64, max_seq_len=SEQ
+)
+QWEN2 = {
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 1024,
+    "max_position_embeddings": SEQ,
+}
+MLP = {"dim": 512, "hidden": 2048, "n_layers": 4}
+MLP_ROWS = 1024
+# Per model: its colwise (input projections) and rowwise (output projections) modules.
+LAYOUT = {
+    "llama": (
+        ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"),
+        ("attention.wo", "feed_forward.w2"),
+    ),
+    "hf": (
+        ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"),
+        ("o_proj", "down_proj"),
+    ),
+    "mlp": (("w1",), ("w2",)),
+}
+MODELS = tuple(LAYOUT)
+FLAT, GRID = ((WORLD,), ("dp",)), ((2, 2), ("dp", "tp"))
+
+
+def square_loss(out: torch.Tensor) -> torch.Tensor:
+    """The loss planned inside every model: the mean of the squared output."""
+    return out.float().square().mean()
+
+
+def build(model: str, device: str = "meta") -> torch.nn.Module:
+    """``model`` on ``device`` (real weights from seed 0 off the meta device)."""
+    torch.manual_seed(0)
+    if model == "hf":
+        return hf.build_hf("qwen2", QWEN2, device=device)
+    with torch.device(device):
+        m = Transformer(LLAMA) if model == "llama" else TinyMLP(**MLP)
+    if device != "meta":
+        m.init_weights(seed=0)
+    return m
+
+
+def example(model: str, device: str = "cpu") -> torch.Tensor:
+    """The global batch, the same on every rank."""
+    g = torch.Generator().manual_seed(1)
+    if model == "mlp":
+        return torch.randn(MLP_ROWS, MLP["dim"], generator=g).to(device)
+    vocab = LLAMA.vocab_size if model == "llama" else QWEN2["vocab_size"]
+    return torch.randint(0, vocab, (BATCH, SEQ), generator=g).to(device)
+
+
+def _layout_pins(model: str, params: dict[str, torch.Size]) -> dict[str, str]:
+    colwise, rowwise = LAYOUT[model]
+    out = {}
+    for fqn in params:
+        if any(f".{m}." in f".{fqn}" for m in colwise):
+            out[fqn] = "S(0)S(0)"
+        elif any(f".{m}." in f".{fqn}" for m in rowwise):
+            out[fqn] = "S(0)S(1)"
+        else:
+            out[fqn] = "S(0)R"
+    return out
+
+
+def _random_pins(params: dict[str, torch.Size], seed: int) -> dict[str, str]:
+    """Each parameter on each axis of (2, 2): replicated or sharded on a dim it divides
+    into, drawn with ``seed``."""
+    rng = random.Random(seed)
+    out = {}
+    for fqn, shape in params.items():
+        per_axis = []
+        sharded = [1] * len(shape)
+        for _ in range(2):
+            dims = [d for d in range(len(shape)) if shape[d] % (sharded[d] * 2) == 0]
+            d = rng.choice([None, *dims])
+            if d is not None:
+                sharded[d] *= 2
+            per_axis.append("R" if d is None else f"S({d})")
+        out[fqn] = "".join(per_axis)
+    return out
+
+
+def candidates(model: str) -> list[tuple[str, tuple, dict[str, str], float | None]]:
+    """(name, (mesh shape, names), pins, budget GiB or None: filled in after ``free``)."""
+    params = {n: p.shape for n, p in build(model).named_parameters()}
+    out = [
+        ("ddp", FLAT, dict.fromkeys(params, "R"), None),
+        ("fsdp", FLAT, dict.fromkeys(params, "S(0)"), None),
+        ("tp", GRID, _layout_pins(model, params), None),
+        ("free", GRID, {}, None),
+        ("free-b1", GRID, {}, 0.5),
+        ("free-b2", GRID, {}, 0.0),
+    ]
+    out += [(f"pins-{k}", GRID, _random_pins(params, seed=k), None) for k in range(3)]
+    return out
+
+
+def _plan_one(model: str, mesh: tuple, pins: dict, budget_gib: float | None, topology) -> Plan:
+    shape, names = mesh
+    placement = "S(0)" if len(shape) == 1 else "S(0)R"
+    config = autoplan.PlanConfig(topology=topology)
+    if budget_gib is not None:
+        config = autoplan.PlanConfig(
+            topology=topology,
+            memory_budget_gib=budget_gib,
+            activation_memory=True,
+            activation_checkpointing="auto",
+        )
+    x = example(model, "cpu")
+    return autoplan.plan(
+        build(model),
+        lambda: x,
+        autoplan.fake_mesh(shape, names),
+        config=config,
+        input_placements=[placement],
+        pins=pins,
+        loss_fn=square_loss,
+    )
+
+
+def _footprint(plan: Plan) -> float:
+    """What a budget that counts activations caps, in bytes."""
+    kept = ("parameters", "gradients", "optimizer", "activations", "output_grad")
+    return sum(plan.memory_breakdown[k] for k in kept)
+
+
+def plan_all(model: str, topology) -> dict[str, Plan]:
+    """Every candidate's plan; a budgeted one's budget lies ``share`` of the way from the
+    FSDP plan's footprint up to the free plan's."""
+    plans: dict[str, Plan] = {}
+    for name, mesh, pins, share in candidates(model):
+        budget = None
+        if share is not None:
+            low, high = _footprint(plans["fsdp"]), _footprint(plans["free"])
+            budget = (low + share * max(0.0, high - low)) / 2**30
+        start = time.perf_counter()
+        try:
+            plans[name] = _plan_one(model, mesh, pins, budget, topology)
+        except PlanError as e:  # a budget or a pin no plan meets: said, not hidden
+            print(f"  {model} {name}: no plan ({e})", file=sys.stderr, flush=True)
+            continue
+        p = plans[name]
+        if p.status == "infeasible":
+            print(f"  {model} {name}: {p.message}", file=sys.stderr, flush=True)
+            del plans[name]
+            continue
+        print(
+            f"  {model} {name}: planned in {time.perf_counter() - start:.1f} s, "
+            f"estimated {p.estimated_step_us / 1e3:.2f} ms ({p.status})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return plans
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(step: Callable[[], None], device: str) -> float:
+    """One step's time in ms, the slowest rank's."""
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    step()
+    _sync(device)
+    elapsed = torch.tensor([time.perf_counter() - start], device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed) * 1e3
+
+
+def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
+    device = opts["device"]
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=900),
+    )
+    rows: dict[str, dict[str, list[float]]] = {}
+    try:
+        meshes = {
+            mesh: init_device_mesh(device, mesh[0], mesh_dim_names=mesh[1]) for mesh in (FLAT, GRID)
+        }
+        for model, plans in work.items():
+            steps = {}
+            for name, text in plans.items():
+                plan = Plan.from_json(text)
+                mesh = meshes[(plan.mesh_shape, plan.axis_names)]
+                pm = parallelize(build(model, device), plan, mesh, loss_fn=square_loss)
+                (x,) = shard_inputs(example(model, device), plan, mesh)
+
+                def step(pm=pm, x=x) -> None:
+                    pm.zero_grad(set_to_none=True)
+                    pm(x).backward()
+
+                steps[name] = step
+            times: dict[str, list[float]] = {name: [] for name in steps}
+            for i in range(opts["warmup"] + opts["steps"]):
+                for name, step in steps.items():  # the candidates take turns
+                    ms = _timed(step, device)
+                    if i >= opts["warmup"]:
+                        times[name].append(ms)
+            rows[model] = times
+            if rank == 0:
+                print(f"  {model}: measured {len(steps)} plans", file=sys.stderr, flush=True)
+        if rank == 0:
+            Path(out).write_text(json.dumps(rows))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
+    """Per model: each plan's relative error, Spearman's rho, and the pick's rank."""
+    names = list(estimated)
+    errors = {n: estimated[n] / measured[n] - 1.0 for n in names}
+    rho = float(spearmanr([estimated[n] for n in names], [measured[n] for n in names])[0])
+    order = sorted(names, key=measured.__getitem__)
+    pick = "free" if "free" in names else min(names, key=estimated.__getitem__)
+    return {
+        "errors": errors,
+        "spearman": rho,
+        "pick": pick,
+        "pick_rank": order.index(pick) + 1,
+        "pick_over_fastest": measured[pick] / measured[order[0]],
+        "fastest": order[0],
+    }
+
+
+def _plot(points: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 0.0
+    for model, pts in points.items():
+        xs, ys = zip(*pts, strict=True)
+        ax.scatter(xs, ys, label=model)
+        top = max(top, *xs, *ys)
+    ax.plot(
+        [0, top * 1.05], [0, top * 1.05], color="grey", linewidth=1, label="estimate = measured"
+    )
+    ax.set_xlabel("measured step, ms")
+    ax.set_ylabel("estimated step, ms")
+    ax.set_xlim(0, top * 1.05)
+    ax.set_ylim(0, top * 1.05)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _shown(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str) -> str:
+    cmd = " ".join(["python scripts/fidelity.py", *sys.argv[1:]])
+    lines = [
+        "# Estimated against measured steps",
+        "",
+        f"Command: `{cmd}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}; {WORLD} processes "
+        f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
+        f"inside the model; the median over {args.steps} steps after {args.warmup}, the "
+        "slowest rank, the candidates taking turns. Error: estimated / measured - 1.",
+        "",
+        "| model | plan | mesh | estimated ms | measured ms | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    summary_lines = []
+    all_errors = []
+    for model, ms in medians.items():
+        est = {n: plans[model][n].estimated_step_us / 1e3 for n in ms}
+        s = summarize(est, ms)
+        all_errors += [abs(e) for e in s["errors"].values()]
+        for n in ms:
+            mesh = "x".join(map(str, plans[model][n].mesh_shape))
+            lines.append(
+                f"| {model} | {n} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} |"
+            )
+        errs = sorted(abs(e) for e in s["errors"].values())
+        summary_lines.append(
+            f"| {model} | {statistics.median(errs):.0%} | {errs[-1]:.0%} | {s['spearman']:.2f} "
+            f"| {s['pick_rank']} of {len(ms)} | {s['pick_over_fastest']:.2f} ({s['fastest']}) |"
+        )
+    lines += [
+        "",
+        "| model | median error | worst error | Spearman | the pick's rank | pick / fastest |",
+        "|---|---|---|---|---|---|",
+        *summary_lines,
+        "",
+        f"All plans: median error {statistics.median(all_errors):.0%}, worst "
+        f"{max(all_errors):.0%}. Plot: `{_shown(args.plot)}`.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", required=True, help="calibrated YAML or a preset name")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--model", action="append", choices=MODELS)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "fidelity.png"))
+    args = parser.parse_args()
+    if args.steps < 8:
+        parser.error(f"--steps {args.steps}: at least 8 steps make a median")
+    if args.device == "cuda" and torch.cuda.device_count() < WORLD:
+        parser.error(
+            f"--device cuda needs {WORLD} GPUs; this machine has {torch.cuda.device_count()}"
+        )
+    topology = load_topology(args.topology)
+    models = args.model or list(MODELS)
+    plans = {}
+    for model in models:
+        print(f"planning {model}", file=sys.stderr, flush=True)
+        plans[model] = plan_all(model, topology)
+    work = {m: {n: p.to_json() for n, p in ps.items()} for m, ps in plans.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp, "rows.json"))
+        opts = {"steps": args.steps, "warmup": args.warmup, "device": args.device}
+        mp.spawn(_worker, args=(_free_port(), work, opts, out), nprocs=WORLD, join=True)
+        rows = json.loads(Path(out).read_text())
+    medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}
+    points = {
+        m: [(ms[n], plans[m][n].estimated_step_us / 1e3) for n in ms] for m, ms in medians.items()
+    }
+    _plot(points, Path(args.plot))
+    text = report(plans, medians, args, args.topology)
+    write_section(args.out, "fidelity", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
