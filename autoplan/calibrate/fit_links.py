@@ -28,6 +28,10 @@ from autoplan.errors import PlanError
 
 __all__ = ["FitError", "fit_collectives", "fit_link", "relative_errors", "round_sig"]
 
+# The bytes of the largest message must explain this share of its time for the fit to
+# read a bandwidth from them; below it, the bandwidth is noise (or unbounded).
+_MIN_WIRE_SHARE = 0.05
+
 
 @dataclass(frozen=True)
 class FitError:
@@ -70,11 +74,13 @@ def fit_link(op: str, samples: Sequence[CollectiveSample]) -> LinkFit:
     coef, _ = nnls(a / scale, np.ones_like(t))
     coef = coef / scale
     latency, step, per_byte = (coef[0], 0.0, coef[1]) if one_size else tuple(coef)
-    if per_byte <= 0:
-        largest = max(s.nbytes for s in samples)
+    per_byte = float(per_byte)
+    largest = int(np.argmax(wire))
+    if per_byte * wire[largest] < _MIN_WIRE_SHARE * t[largest]:
         raise PlanError(
-            f"The fit of {op} found no time per byte: its largest message ({largest} bytes) "
-            "takes no longer than its smallest. Measure larger messages (comm_max_bytes)."
+            f"The fit of {op} found no time per byte: its largest message "
+            f"({samples[largest].nbytes} bytes) spends under {_MIN_WIRE_SHARE:.0%} of its "
+            "time on the bytes. Measure larger messages (comm_max_bytes)."
         )
     return LinkFit(
         latency_us=round_sig(float(latency)),

@@ -18,13 +18,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.cost.topology import group_span
 from autoplan.errors import PlanError
 
-__all__ = ["MeasuredGroup", "axis_runs", "mesh_groups"]
+__all__ = ["MeasuredGroup", "axis_runs", "group_ranks", "measured_axes", "mesh_groups"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,24 @@ def axis_runs(num_axes: int) -> list[tuple[int, ...]]:
     return runs
 
 
+def measured_axes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The axes of each group to measure: :func:`axis_runs` without the axes of size 1
+    (a group is the same without them), each distinct set once."""
+    out: list[tuple[int, ...]] = []
+    for run in axis_runs(len(shape)):
+        axes = tuple(a for a in run if shape[a] > 1)
+        if axes and axes not in out:
+            out.append(axes)
+    return out
+
+
 @contextlib.contextmanager
 def mesh_groups(mesh: DeviceMesh, ranks_per_node: int) -> Iterator[list[MeasuredGroup]]:
     """This rank's groups over ``mesh``; the groups made here are destroyed on exit.
 
-    An axis's group is the mesh's own; the whole mesh is the job's default group; a run
-    of axes short of the whole (a 3-D mesh or larger) gets new groups, made by every rank
-    (``new_subgroups_by_enumeration``), as ``torch.distributed`` requires.
+    The groups are :func:`measured_axes`'s. An axis's group is the mesh's own; the whole
+    job is its default group; any other run (a 3-D mesh or larger) gets new groups, made
+    by every rank (``new_subgroups_by_enumeration``), as ``torch.distributed`` requires.
     """
     shape = tuple(mesh.shape)
     names = mesh.mesh_dim_names or tuple(f"axis{a}" for a in range(len(shape)))
@@ -80,21 +92,22 @@ def mesh_groups(mesh: DeviceMesh, ranks_per_node: int) -> Iterator[list[Measured
     made: list[dist.ProcessGroup] = []
     groups = []
     try:
-        for axes in axis_runs(len(shape)):
+        for axes in measured_axes(shape):
+            ranks = math.prod(shape[a] for a in axes)
             span = group_span(shape, axes, ranks_per_node)
             if len(axes) == 1:
                 group = mesh.get_group(axes[0])
-            elif len(axes) == len(shape):
+            elif ranks == world:
                 group = dist.group.WORLD
             else:
-                group, subgroups = dist.new_subgroups_by_enumeration(_run_ranks(shape, axes))
+                group, subgroups = dist.new_subgroups_by_enumeration(group_ranks(shape, axes))
                 made += subgroups
             groups.append(
                 MeasuredGroup(
                     label="+".join(names[a] for a in axes),
                     axes=axes,
                     group=group,
-                    ranks=math.prod(shape[a] for a in axes),
+                    ranks=ranks,
                     link="intra" if span[1] == 1 else "inter",
                 )
             )
@@ -104,13 +117,8 @@ def mesh_groups(mesh: DeviceMesh, ranks_per_node: int) -> Iterator[list[Measured
             dist.destroy_process_group(group)
 
 
-def _run_ranks(shape: tuple[int, ...], axes: tuple[int, ...]) -> list[list[int]]:
-    """The ranks of every group over the consecutive ``axes`` of a row-major mesh."""
-    before = math.prod(shape[: axes[0]])
-    inside = math.prod(shape[a] for a in axes)
-    after = math.prod(shape[axes[-1] + 1 :])
-    return [
-        [(i * inside + k) * after + j for k in range(inside)]
-        for i in range(before)
-        for j in range(after)
-    ]
+def group_ranks(shape: tuple[int, ...], axes: tuple[int, ...]) -> list[list[int]]:
+    """The ranks of every group over ``axes`` of a row-major mesh of ``shape``."""
+    rest = [a for a in range(len(shape)) if a not in axes]
+    layout = torch.arange(math.prod(shape)).reshape(shape).permute(*rest, *axes)
+    return layout.reshape(-1, math.prod(shape[a] for a in axes)).tolist()

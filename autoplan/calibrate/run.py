@@ -121,7 +121,7 @@ def measure(
         **({"intra_node_gbps": busbw["intra"]} if busbw["intra"] else {}),
         **({"inter_node_gbps": busbw["inter"]} if busbw["inter"] else {}),
         **({"nvls": False} if device.type == "cpu" else {}),
-        collectives=fits,
+        collectives=fits if fits.intra or fits.inter else None,  # None: a job of one rank
         calibration=Calibration(
             date=date,
             torch=str(torch.__version__),
