@@ -229,14 +229,15 @@ def _header(
     name = Path(out).name if out is not None else "FILE.yaml"
     return [
         f"autoplan topology measured by `autoplan calibrate` on {cal.date}",
-        f"job: mesh {mesh}, {world} {cal.backend} ranks on {nodes} node(s) "
+        f"job: mesh {mesh}, {world} {cal.backend} ranks on {nodes} node{'s' * (nodes > 1)} "
         f"({topology.gpus_per_node} per node), {topology.device.name}, torch {cal.torch}",
         f"measured, every rank at once, the slowest rank's time, median over repeats: "
         f"{settings.describe()}",
         "model: a collective takes latency_us + step_us x (ranks - 1) + bytes x busfactor / "
         "busbw_gbps (nccl-tests' bytes and bus factor), per link class (intra: one node, "
         "inter: several) and op; an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
-        "op_overhead_us",
+        "op_overhead_us; intra_node_gbps (inter_node_gbps when measured) is the highest busbw "
+        "fitted inside a node (across nodes)",
         f"fit errors, relative, median / worst: {fitted}",
         f"not measured, kept from the h100 preset: {', '.join(unmeasured)} (they price only "
         "what no fit covers)",

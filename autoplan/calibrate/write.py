@@ -21,7 +21,6 @@ import yaml
 
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
-from autoplan.run_checks import writable
 from autoplan.user_files import write_text
 
 __all__ = ["check_out", "topology_yaml", "write_topology"]
@@ -30,6 +29,8 @@ __all__ = ["check_out", "topology_yaml", "write_topology"]
 def check_out(out: str | Path, *, force: bool, flag: str = "--out") -> Path:
     """``out`` if a topology may be written there: a writable path, and no file there
     unless ``force``."""
+    from autoplan.run_checks import writable  # imports the run file's models: not at import
+
     path = writable(out, flag)
     if path.exists() and not force:
         raise PlanError(
