@@ -113,14 +113,20 @@ def measure(
     date = datetime.datetime.fromtimestamp(round(when), datetime.UTC).isoformat()
     shape = tuple(mesh.shape)
     names = tuple(mesh.mesh_dim_names or (f"axis{a}" for a in range(len(shape))))
-    busbw = {link: max((f.busbw_gbps for _, f in getattr(fits, link)), default=None)
-             for link in ("intra", "inter")}  # fmt: skip
+    busbw = {
+        link: max((f.busbw_gbps for _, f in getattr(fits, link)), default=None)
+        for link in ("intra", "inter")
+    }
+    measured_links = {
+        field: busbw[link]
+        for field, link in (("intra_node_gbps", "intra"), ("inter_node_gbps", "inter"))
+        if busbw[link] is not None
+    }
     topology = Topology(
         device=measured_device,
         gpus_per_node=per_node,
-        **({"intra_node_gbps": busbw["intra"]} if busbw["intra"] else {}),
-        **({"inter_node_gbps": busbw["inter"]} if busbw["inter"] else {}),
-        **({"nvls": False} if device.type == "cpu" else {}),
+        nvls=device.type == "cuda" and Topology().nvls,  # a CPU has no NVLink SHARP
+        **measured_links,
         collectives=fits if fits.intra or fits.inter else None,  # None: a job of one rank
         calibration=Calibration(
             date=date,
@@ -226,6 +232,8 @@ def _header(
     unmeasured = ["intra_node_latency_us", "inter_node_latency_us"]
     if busbw["inter"] is None:
         unmeasured.append("inter_node_gbps")
+    if topology.nvls:
+        unmeasured.append("nvls")
     name = Path(out).name if out is not None else "FILE.yaml"
     return [
         f"autoplan topology measured by `autoplan calibrate` on {cal.date}",
