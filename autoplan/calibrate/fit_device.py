@@ -7,9 +7,11 @@ the peaks are the ones reached) and, per kind (``overhead``, ``pointwise``,
 ``reduction``, ``matmul_fp32``, ``matmul_bf16``), the :class:`FitError` of the compute
 model's roofline with that device on the samples.
 Why in this order: each figure is read where it dominates. The overhead is the median
-time of a tiny op; the bandwidth is fitted to the pointwise ops, ``t = overhead + bytes /
-bandwidth``, minimising the relative error; a dtype's peak is the median of ``FLOPs /
-(t - overhead)`` over the large matmuls. The errors then hold the roofline of
+time of a tiny op; the bandwidth is the median of ``bytes / (t - overhead)`` over the
+pointwise ops that take at least 4x the overhead (bound by their bytes); a dtype's peak is
+the median of ``FLOPs / (t - overhead)`` over the large matmuls. Medians, not least
+squares: a few descheduled samples on a shared machine move a least-squares fit far, and
+a median not at all. The errors then hold the roofline of
 :mod:`autoplan.cost.compute` against every op measured, small matmuls and reductions
 included, which no figure was fitted to.
 """
@@ -26,6 +28,8 @@ from autoplan.errors import PlanError
 
 __all__ = ["fit_device", "roofline_us"]
 
+# A pointwise op that takes this many times the per-op overhead is bound by its bytes.
+_BYTES_BOUND = 4
 _PEAK_FIELDS = {"float32": "peak_fp32_tflops", "bfloat16": "peak_bf16_tflops"}
 _ERROR_KINDS = {"float32": "matmul_fp32", "bfloat16": "matmul_bf16"}
 
@@ -48,14 +52,15 @@ def fit_device(
         if not mine:
             raise PlanError(f"No {kind} op was measured; a device fit needs them.")
     overhead = statistics.median(s.time_us for s in of["overhead"])
-    # min over c of sum(((overhead + B c - t) / t)^2): c = sum(x (1 - o/t)) / sum(x^2), x = B/t
-    x = [s.nbytes / s.time_us for s in of["pointwise"]]
-    y = [1 - overhead / s.time_us for s in of["pointwise"]]
-    per_byte = sum(a * b for a, b in zip(x, y, strict=True)) / sum(a * a for a in x)
-    if per_byte <= 0:
+    bandwidths = [
+        s.nbytes / (s.time_us - overhead)
+        for s in of["pointwise"]
+        if s.time_us >= _BYTES_BOUND * overhead
+    ]
+    if not bandwidths:
         raise PlanError(
-            "The pointwise ops took no longer than the per-op overhead: measure larger ones "
-            "(pointwise_numels)."
+            f"No pointwise op took {_BYTES_BOUND}x the per-op overhead ({overhead:.3g} us): "
+            "measure larger ones (pointwise_numels)."
         )
     peaks = {}
     for dtype, field in _PEAK_FIELDS.items():
@@ -70,7 +75,7 @@ def fit_device(
         peaks[field] = round_sig(statistics.median(rates) / 1e6)  # FLOP/us -> TFLOP/s
     device = Device(
         name=name,
-        hbm_gbps=round_sig(1.0 / (per_byte * 1e3)),
+        hbm_gbps=round_sig(statistics.median(bandwidths) / 1e3),  # B/us -> GB/s
         memory_gib=round_sig(memory_gib),
         flops_efficiency=1.0,
         memory_efficiency=1.0,
