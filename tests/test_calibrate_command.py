@@ -4,6 +4,11 @@ measure: each message names the option, its value and the fix, and the exit code
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,6 +17,9 @@ from autoplan.calibrate.command import parse_mesh, parse_names
 from autoplan.calibrate.settings import Settings
 from autoplan.cli import main
 from autoplan.errors import PlanError
+from autoplan.runfile import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ARGS = ["calibrate", "--mesh", "2x2", "--names", "dp,tp"]
 
@@ -113,3 +121,34 @@ def test_settings_are_checked():
     with pytest.raises(PlanError, match="device 'tpu' is not one calibrate measures"):
         Settings.for_device("tpu")
     assert Settings.for_device("cuda").comm_sizes()[-1] <= 256 * 2**20
+
+
+def _torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node 4 --no-python autoplan calibrate ...` on this checkout."""
+    autoplan_script = Path(sys.executable).parent / "autoplan"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "4", "--no-python", str(autoplan_script), "calibrate", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_the_command_as_the_readme_spells_it(tmp_path):
+    """The full calibration under torchrun, --quiet: the file loads, the table is printed
+    once (rank 0) and no phase line; run again, the existing file is refused by rank 0
+    alone, and kept."""
+    args = ["--mesh", "2x2", "--names", "dp,tp", "--out", "cpu.yaml"]
+    done = _torchrun(tmp_path, *args, "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    topology = load_topology(str(tmp_path / "cpu.yaml"))
+    assert topology.calibration.mesh == (2, 2) and topology.gpus_per_node == 4
+    assert done.stdout.count("intra.all_reduce") == 1
+    assert "topology written to cpu.yaml" in done.stdout
+    assert "comm dp" not in done.stderr
+    text = (tmp_path / "cpu.yaml").read_text()
+    again = _torchrun(tmp_path, *args)
+    assert again.returncode != 0
+    assert again.stderr.count("--out cpu.yaml: the file exists") == 1, again.stderr[-3000:]
+    assert (tmp_path / "cpu.yaml").read_text() == text
