@@ -3,7 +3,8 @@
 Stage: used by the measuring modules of :mod:`autoplan.calibrate`.
 Input: a callable to time, run on every rank of the job at the same moment.
 Output: its time in microseconds: per repeat the slowest rank's (a step waits for it),
-then the median over the repeats (one descheduled repeat does not move it).
+then the median over the repeats (one descheduled repeat does not move it); the timed
+callables take turns, a repeat each per round.
 Why one place: every figure a calibration writes is timed the same way. All ranks
 start together after a barrier, so the ranks sharing a node (CPU cores, a PCIe switch,
 a NIC) load it as a step does. The functional collectives run through an
