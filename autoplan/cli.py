@@ -11,6 +11,8 @@ interrupted (Ctrl-C), 143 terminated (SIGTERM).
     autoplan diff A.json B.json [--json]
     autoplan validate CONFIG.yaml [--set k=v]
     autoplan explain PLAN.json NODE|PARAM --config CONFIG.yaml [--set k=v] [--top 5] [--json]
+    torchrun --nproc-per-node N --no-python autoplan calibrate --mesh 2x2 --names dp,tp
+        --out FILE.yaml [--device cpu|cuda] [--force] [--quiet]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from autoplan.calibrate.command import run_command as run_calibrate
 from autoplan.compare import compare, format_compare, output_paths, write_compare
 from autoplan.cost.collectives import collective_table
 from autoplan.diff import diff_plans, format_diff
@@ -159,6 +162,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    try:
+        return run_calibrate(
+            mesh=args.mesh, names=args.names, out=args.out, device=args.device,
+            force=args.force, quiet=args.quiet,
+        )  # fmt: skip
+    except PlanError:
+        if os.environ.get("RANK", "0") != "0":  # every rank refuses alike; rank 0 says why
+            return EXIT_BAD_INPUT
+        raise
+
+
 def _parser() -> argparse.ArgumentParser:
     debug = "on an internal error, print its traceback"
     p = argparse.ArgumentParser(
@@ -213,6 +228,20 @@ def _parser() -> argparse.ArgumentParser:
     pe.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
     pe.add_argument("--json", action="store_true")
     pe.set_defaults(func=_cmd_explain)
+    pa = command(
+        "calibrate",
+        "measure this job's collectives and devices into a topology file (under torchrun)",
+    )
+    pa.add_argument("--mesh", required=True, help="the job's mesh shape, e.g. 2x2")
+    pa.add_argument("--names", required=True, help="its axis names, e.g. dp,tp")
+    pa.add_argument("--out", required=True, help="write the topology YAML here")
+    pa.add_argument(
+        "--device", choices=("cpu", "cuda"), help="cpu (gloo) or cuda (nccl); default: cuda if "
+        "available, else cpu",
+    )  # fmt: skip
+    pa.add_argument("--force", action="store_true", help="replace --out if it exists")
+    pa.add_argument("--quiet", action="store_true", help="no progress lines")
+    pa.set_defaults(func=_cmd_calibrate)
     return p
 
 

@@ -1,0 +1,83 @@
+"""Measuring compute: matmul throughput, memory bandwidth and the per-op overhead.
+
+Stage: measurement, beside :mod:`autoplan.calibrate.comm`.
+Input: the :class:`~autoplan.calibrate.settings.Settings` and a
+:class:`~autoplan.calibrate.timing.Clock` (every rank runs each op at the same time:
+ranks sharing a node share its cores, caches and memory bus, as in a step).
+Output: a :class:`ComputeSample` per op and size, with the FLOPs and bytes the compute
+model (:mod:`autoplan.cost.compute`) counts for it: a matmul's inputs read and output
+written, a pointwise op's two inputs and output, a reduction's input and output.
+Why these ops: the roofline prices a node by its FLOPs at the dtype's peak, its bytes at
+the memory bandwidth, plus a fixed cost per op; matmuls at the model's shape classes
+show the peak, large pointwise and reduction ops the bandwidth, tiny ops the fixed cost
+(an eager CPU op's dispatch, a GPU kernel's launch), which dominates small models.
+Each op allocates its output, as the ops of a step do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from autoplan.calibrate.settings import Settings
+from autoplan.calibrate.timing import Clock
+
+__all__ = ["KINDS", "MATMUL_DTYPES", "ComputeSample", "measure_compute"]
+
+KINDS = ("overhead", "matmul", "pointwise", "reduction")
+MATMUL_DTYPES = ("float32", "bfloat16")
+"""The dtypes of the device's two peaks (float16 is priced at the bfloat16 peak)."""
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ComputeSample:
+    """One measured op."""
+
+    kind: str
+    """One of :data:`KINDS`."""
+    label: str
+    """What ran: ``mm 512x512x512``, ``add 4096``."""
+    dtype: str
+    flops: float
+    nbytes: float
+    time_us: float
+
+
+def measure_compute(
+    settings: Settings, clock: Clock, progress: Callable[[str], None] | None = None
+) -> list[ComputeSample]:
+    """Tiny ops, pointwise and reduction ops over ``pointwise_numels``, and matmuls at
+    every shape class and dtype, each timed on every rank at once, taking turns."""
+    if progress is not None:
+        progress("compute")
+    device = clock.device
+    queued: list[tuple[str, str, str, float, float]] = []
+
+    def add(kind: str, label: str, dtype: str, flops: float, nbytes: float, run) -> None:
+        clock.add(
+            run, repeats=settings.compute_repeats, min_us=settings.compute_min_us,
+            max_inner=settings.max_inner,
+        )  # fmt: skip
+        queued.append((kind, label, dtype, flops, nbytes))
+
+    one = torch.ones(1, device=device)
+    for name, run in (("add", lambda: one + one), ("mul", lambda: one * one)):
+        add("overhead", f"{name} 1", "float32", 0, 12, run)
+    add("overhead", "sum 1", "float32", 0, 8, lambda: one.sum())
+    for numel in settings.pointwise_numels:
+        a = torch.rand(numel, device=device)
+        b = torch.rand(numel, device=device)
+        for name, run in (("add", lambda a=a, b=b: a + b), ("mul", lambda a=a, b=b: a * b)):
+            add("pointwise", f"{name} {numel}", "float32", 0, 12 * numel, run)
+        add("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4, lambda a=a: a.sum())
+    for dtype in MATMUL_DTYPES:
+        for _, (m, k, n), _ in settings.matmul_shapes():
+            a = torch.rand(m, k, device=device).to(_DTYPES[dtype])
+            b = torch.rand(k, n, device=device).to(_DTYPES[dtype])
+            nbytes = (m * k + k * n + m * n) * a.element_size()
+            add("matmul", f"mm {m}x{k}x{n}", dtype, 2 * m * k * n, nbytes, lambda a=a, b=b: a @ b)
+    times = clock.settle()
+    return [ComputeSample(*q, t) for q, t in zip(queued, times, strict=True)]

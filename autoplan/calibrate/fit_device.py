@@ -1,0 +1,97 @@
+"""Fitting the device: per-op overhead, memory bandwidth and the two matmul peaks.
+
+Stage: fitting, after :mod:`autoplan.calibrate.compute`.
+Input: :class:`~autoplan.calibrate.compute.ComputeSample` s, the device's name and memory.
+Output: a :class:`autoplan.cost.topology.Device` of measured figures (efficiencies 1:
+the peaks are the ones reached) and, per kind (``overhead``, ``pointwise``,
+``reduction``, ``matmul_fp32``, ``matmul_bf16``), the :class:`FitError` of the compute
+model's roofline with that device on the samples.
+Why in this order: each figure is read where it dominates. The overhead is the median
+time of a tiny op; the bandwidth is the median of ``bytes / (t - overhead)`` over the
+pointwise ops that take at least 4x the overhead (bound by their bytes); a dtype's peak is
+the median of ``FLOPs / (t - overhead)`` over the large matmuls. Medians, not least
+squares: a few descheduled samples on a shared machine move a least-squares fit far, and
+a median not at all. The errors then hold the roofline of
+:mod:`autoplan.cost.compute` against every op measured, small matmuls and reductions
+included, which no figure was fitted to.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from autoplan.calibrate.compute import ComputeSample
+from autoplan.calibrate.fit_links import FitError, relative_errors, round_sig
+from autoplan.cost.topology import Device
+from autoplan.errors import PlanError
+
+__all__ = ["fit_device", "roofline_us"]
+
+# A pointwise op that takes this many times the per-op overhead is bound by its bytes.
+_BYTES_BOUND = 4
+_PEAK_FIELDS = {"float32": "peak_fp32_tflops", "bfloat16": "peak_bf16_tflops"}
+_ERROR_KINDS = {"float32": "matmul_fp32", "bfloat16": "matmul_bf16"}
+
+
+def roofline_us(device: Device, flops: float, nbytes: float, low_precision: bool) -> float:
+    """The compute model's time of an op (:class:`autoplan.cost.compute.ComputeModel`):
+    ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) + overhead``."""
+    peak = device.peak_bf16_tflops if low_precision else device.peak_fp32_tflops
+    t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
+    t_mem = nbytes / (device.hbm_gbps * 1e3 * device.memory_efficiency)  # GB/s = 1e3 B/us
+    return max(t_flops, t_mem) + device.op_overhead_us
+
+
+def fit_device(
+    samples: Sequence[ComputeSample], *, name: str, memory_gib: float, large_flops: float
+) -> tuple[Device, dict[str, FitError]]:
+    """The device the samples show; a matmul of at least ``large_flops`` FLOPs is large."""
+    of = {k: [s for s in samples if s.kind == k] for k in ("overhead", "pointwise", "reduction")}
+    for kind, mine in of.items():
+        if not mine:
+            raise PlanError(f"No {kind} op was measured; a device fit needs them.")
+    overhead = statistics.median(s.time_us for s in of["overhead"])
+    bandwidths = [
+        s.nbytes / (s.time_us - overhead)
+        for s in of["pointwise"]
+        if s.time_us >= _BYTES_BOUND * overhead
+    ]
+    if not bandwidths:
+        raise PlanError(
+            f"No pointwise op took {_BYTES_BOUND}x the per-op overhead ({overhead:.3g} us): "
+            "measure larger ones (pointwise_numels)."
+        )
+    peaks = {}
+    for dtype, field in _PEAK_FIELDS.items():
+        rates = [
+            s.flops / (s.time_us - overhead)
+            for s in samples
+            if s.kind == "matmul" and s.dtype == dtype and s.flops >= large_flops
+            and s.time_us > overhead
+        ]  # fmt: skip
+        if not rates:
+            raise PlanError(f"No large {dtype} matmul was measured; the {field} fit needs one.")
+        peaks[field] = round_sig(statistics.median(rates) / 1e6)  # FLOP/us -> TFLOP/s
+    device = Device(
+        name=name,
+        hbm_gbps=round_sig(statistics.median(bandwidths) / 1e3),  # B/us -> GB/s
+        memory_gib=round_sig(memory_gib),
+        flops_efficiency=1.0,
+        memory_efficiency=1.0,
+        op_overhead_us=round_sig(overhead),
+        **peaks,
+    )
+    errors = {}
+    for kind in ("overhead", "pointwise", "reduction"):
+        errors[kind] = _errors(device, of[kind])
+    for dtype, kind in _ERROR_KINDS.items():
+        errors[kind] = _errors(
+            device, [s for s in samples if s.kind == "matmul" and s.dtype == dtype]
+        )
+    return device, errors
+
+
+def _errors(device: Device, samples: Sequence[ComputeSample]) -> FitError:
+    predicted = [roofline_us(device, s.flops, s.nbytes, s.dtype != "float32") for s in samples]
+    return relative_errors(predicted, [s.time_us for s in samples])

@@ -1,0 +1,253 @@
+"""``autoplan.calibrate``: measure the job's devices and links into a topology.
+
+Stage: a tool beside the pipeline; its output is the pipeline's ``Topology`` input.
+Input: the job's ``DeviceMesh`` (``torch.distributed`` initialised, gloo or NCCL), an
+optional output path, :class:`~autoplan.calibrate.settings.Settings`.
+Output: the same :class:`~autoplan.cost.topology.Topology` on every rank (every rank
+fits the same slowest-rank medians), written by rank 0 when ``out`` is given, with
+:class:`~autoplan.cost.measured.Calibration` saying when, on what and how well.
+Why: a plan is only as good as its prices, and a datasheet prices a GPU (and links)
+that may not be the job's; measured on the job's own ranks, loaded as a step loads
+them, the prices are the job's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoplan.calibrate.comm import CollectiveSample, measure_collectives
+from autoplan.calibrate.compute import ComputeSample, measure_compute
+from autoplan.calibrate.fit_device import fit_device
+from autoplan.calibrate.fit_links import FitError, fit_collectives
+from autoplan.calibrate.groups import mesh_groups
+from autoplan.calibrate.settings import Settings
+from autoplan.calibrate.timing import Clock
+from autoplan.calibrate.write import check_out, write_topology
+from autoplan.cost.measured import Calibration
+from autoplan.cost.topology import Topology
+from autoplan.errors import PlanError
+
+__all__ = ["Calibrated", "calibrate", "measure"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A calibration's topology, every fit's error, and the samples they were fitted to."""
+
+    topology: Topology
+    errors: dict[str, FitError]
+    collectives: list[CollectiveSample]
+    compute: list[ComputeSample]
+    header: list[str]
+    """The topology file's comment lines."""
+
+
+def calibrate(
+    mesh: DeviceMesh,
+    out: str | Path | None = None,
+    *,
+    force: bool = False,
+    ranks_per_node: int | None = None,
+    settings: Settings | None = None,
+    progress: Progress | None = None,
+) -> Topology:
+    """Measure ``mesh``'s collectives and devices and fit the cost model's figures.
+
+    A collective: call it on every rank of the job, whose default group ``mesh`` must
+    span. ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole
+    job) tells a group inside one node from one across nodes. ``out``: rank 0 writes the
+    topology YAML there (refused if the file exists, unless ``force``). ``progress`` is
+    called with each phase's name as it starts. Use the result as
+    ``PlanConfig(topology=...)``, or the file as ``topology: FILE`` in a run file.
+    """
+    return measure(
+        mesh, out, force=force, ranks_per_node=ranks_per_node, settings=settings,
+        progress=progress,
+    ).topology  # fmt: skip
+
+
+def measure(
+    mesh: DeviceMesh,
+    out: str | Path | None = None,
+    *,
+    force: bool = False,
+    ranks_per_node: int | None = None,
+    settings: Settings | None = None,
+    progress: Progress | None = None,
+) -> Calibrated:
+    """:func:`calibrate`, returning the fits' errors and the samples too."""
+    device = _check_job(mesh)
+    if not isinstance(force, bool):
+        raise PlanError(f"force ({force!r}) must be True or False.")
+    per_node = _ranks_per_node(ranks_per_node)
+    settings = Settings.for_device(device.type) if settings is None else settings
+    if not isinstance(settings, Settings):
+        raise PlanError(f"settings ({settings!r}) must be an autoplan.calibrate Settings.")
+    clock = Clock(device)
+    _agree_on_out(out, force, clock)
+    with mesh_groups(mesh, per_node) as groups:
+        links = measure_collectives(groups, settings, clock, progress)
+    compute = measure_compute(settings, clock, progress)
+    if progress is not None:
+        progress("fit")
+    fits, errors = fit_collectives(links)
+    large = min(2 * m * k * n for _, (m, k, n), big in settings.matmul_shapes() if big)
+    measured_device, device_errors = fit_device(
+        compute, name=_device_name(device, per_node), memory_gib=_memory_gib(device, per_node),
+        large_flops=large,
+    )  # fmt: skip
+    errors |= device_errors
+    when = clock.max_over_ranks([datetime.datetime.now(datetime.UTC).timestamp()])[0]
+    clock.keeper.settle()
+    date = datetime.datetime.fromtimestamp(round(when), datetime.UTC).isoformat()
+    shape = tuple(mesh.shape)
+    names = tuple(mesh.mesh_dim_names or (f"axis{a}" for a in range(len(shape))))
+    busbw = {
+        link: max((f.busbw_gbps for _, f in getattr(fits, link)), default=None)
+        for link in ("intra", "inter")
+    }
+    measured_links = {
+        field: busbw[link]
+        for field, link in (("intra_node_gbps", "intra"), ("inter_node_gbps", "inter"))
+        if busbw[link] is not None
+    }
+    topology = Topology(
+        device=measured_device,
+        gpus_per_node=per_node,
+        nvls=device.type == "cuda" and Topology().nvls,  # a CPU has no NVLink SHARP
+        **measured_links,
+        collectives=fits if fits.intra or fits.inter else None,  # None: a job of one rank
+        calibration=Calibration(
+            date=date,
+            torch=str(torch.__version__),
+            backend=dist.get_backend(),
+            mesh=shape,
+            names=names,
+            errors=tuple((k, round(e.median, 4)) for k, e in errors.items()),
+        ),
+    )
+    header = _header(topology, settings, errors, busbw, out)
+    if out is not None and dist.get_rank() == 0:
+        if progress is not None:
+            progress("write")
+        write_topology(out, topology, header, force=force)
+    return Calibrated(topology, errors, links, compute, header)
+
+
+def _check_job(mesh: DeviceMesh) -> torch.device:
+    if not isinstance(mesh, DeviceMesh):
+        raise PlanError(f"mesh ({mesh!r}) must be a torch.distributed DeviceMesh.")
+    if not dist.is_initialized() or dist.get_backend() == "fake":
+        raise PlanError(
+            "calibrate measures a running job: initialise torch.distributed (gloo on CPU, "
+            "nccl on GPUs; torchrun sets the environment) and pass the job's DeviceMesh, "
+            "not a planning mesh (fake_mesh)."
+        )
+    if mesh.device_type not in ("cpu", "cuda"):
+        raise PlanError(
+            f"mesh.device_type ({mesh.device_type!r}) is not one calibrate measures; "
+            "allowed: cpu, cuda."
+        )
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _ranks_per_node(given: int | None) -> int:
+    world = dist.get_world_size()
+    if given is None:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        given = int(local) if local and local.isdigit() else world
+    if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= world:
+        raise PlanError(
+            f"ranks_per_node ({given!r}) must be an int from 1 to the job's {world} ranks: "
+            "the ranks on one node."
+        )
+    return given
+
+
+def _agree_on_out(out: str | Path | None, force: bool, clock: Clock) -> None:
+    """Rank 0 checks ``out`` (it writes there); every rank learns the verdict, so none
+    measures alone (a collective)."""
+    if out is None:
+        return
+    problem: PlanError | None = None
+    if dist.get_rank() == 0:
+        try:
+            check_out(out, force=force)
+        except PlanError as exc:
+            problem = exc
+    if clock.max_over_ranks([float(problem is not None)])[0]:
+        clock.keeper.settle()
+        raise problem or PlanError(f"rank 0 refused the output path {out}; see its message.")
+
+
+def _device_name(device: torch.device, per_node: int) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu {model}, {per_node} ranks per node"
+
+
+def _memory_gib(device: torch.device, per_node: int) -> float:
+    """A GPU's memory; a CPU's physical memory shared by the node's ranks."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / per_node
+
+
+def _header(
+    topology: Topology,
+    settings: Settings,
+    errors: dict[str, FitError],
+    busbw: dict[str, float | None],
+    out: str | Path | None,
+) -> list[str]:
+    cal = topology.calibration
+    assert cal is not None
+    mesh = " x ".join(f"{n}={k}" for n, k in zip(cal.names, cal.mesh, strict=True))
+    world = dist.get_world_size()
+    nodes = world // topology.gpus_per_node
+    fitted = ", ".join(
+        f"{k} {100 * e.median:.1f} % / {100 * e.worst:.1f} %" for k, e in errors.items()
+    )
+    unmeasured = ["intra_node_latency_us", "inter_node_latency_us"]
+    if busbw["inter"] is None:
+        unmeasured.append("inter_node_gbps")
+    if topology.nvls:
+        unmeasured.append("nvls")
+    name = Path(out).name if out is not None else "FILE.yaml"
+    return [
+        f"autoplan topology measured by `autoplan calibrate` on {cal.date}",
+        f"job: mesh {mesh}, {world} {cal.backend} ranks on {nodes} node{'s' * (nodes > 1)} "
+        f"({topology.gpus_per_node} per node), {topology.device.name}, torch {cal.torch}",
+        f"measured, every rank at once, the slowest rank's time, median over repeats: "
+        f"{settings.describe()}",
+        "model: a collective takes latency_us + step_us x (ranks - 1) + bytes x busfactor / "
+        "busbw_gbps (nccl-tests' bytes and bus factor), per link class (intra: one node, "
+        "inter: several) and op; an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
+        "op_overhead_us; intra_node_gbps (inter_node_gbps when measured) is the highest busbw "
+        "fitted inside a node (across nodes)",
+        f"fit errors, relative, median / worst: {fitted}",
+        f"not measured, kept from the h100 preset: {', '.join(unmeasured)} (they price only "
+        "what no fit covers)",
+        f"use: `topology: {name}` in a run file, or `autoplan plan RUN.yaml --set topology={name}`",
+    ]
