@@ -51,6 +51,7 @@ from autoplan.apply import input_placements, parallelize, shard_inputs
 from autoplan.cost.topology import Device, Topology
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.plan import Plan
+from autoplan.runfile import load_topology
 from autoplan.user_files import write_text
 
 WORLD = 4
@@ -96,7 +97,7 @@ CPU = Topology(
 )
 
 
-def _plan(case: str, mm_mode: str = "einsum") -> Plan:
+def _plan(case: str, mm_mode: str = "einsum", topology: Topology = CPU) -> Plan:
     shape, names, placement, _ = CASES[case]
     with torch.device("meta"):
         model = Transformer(ARGS)
@@ -104,7 +105,7 @@ def _plan(case: str, mm_mode: str = "einsum") -> Plan:
         model,
         lambda: torch.randint(0, ARGS.vocab_size, (BATCH, SEQ)),
         autoplan.fake_mesh(shape, names),
-        config=autoplan.PlanConfig(solver="highs", topology=CPU, mm_mode=mm_mode),
+        config=autoplan.PlanConfig(solver="highs", topology=topology, mm_mode=mm_mode),
         input_placements=[placement],
         pins=_pins(case, model),
     )
@@ -227,12 +228,17 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--topology",
+        help="a topology file (`autoplan calibrate`) or preset to plan with; default: a rough CPU guess",
+    )
     args = parser.parse_args()
     names = args.case or list(CASES)
     plans = {}
     for case in names:
         start = time.perf_counter()
-        plans[case] = _plan(case).to_json()
+        topology = CPU if args.topology is None else load_topology(args.topology)
+        plans[case] = _plan(case, topology=topology).to_json()
         print(f"planned {case} in {time.perf_counter() - start:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
