@@ -55,11 +55,7 @@ class Plan:
     its own trace; empty in plans saved before it was recorded. ``buckets`` lists the
     collectives of ``comm`` that run merged (:mod:`autoplan.cost.buckets`): kind,
     ``where`` (head: parameter gathers; tail: gradient reductions), mesh ``axes``,
-    ``members``, ``bytes``, merged price ``us`` and what the objective charged the
-    members (``us_alone``: a gradient's reduction is charged its share of a bucket's
-    latency, :class:`~autoplan.cost.redistribute.BucketedTail`; one that ends up alone
-    is listed as a bucket of one member). :attr:`estimated_step_us` is the objective
-    with these merged prices.
+    ``members``, ``bytes``, merged price ``us`` and the members' own ``us_alone``.
     ``input_shapes`` and ``input_keys`` give each input's global shape and its position
     or keyword (:mod:`autoplan.inputs`), in the graph's input order; plans saved before
     keys were recorded have none (positional inputs).
@@ -205,7 +201,8 @@ class Plan:
             f"estimated step: {self.objective_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f} ms"
             f" + comm {self.comm_us / 1e3:.2f} ms"
             + (
-                f" ({self.estimated_step_us / 1e3:.2f} ms with the buckets below)"
+                f" ({(self.objective_us - self.estimated_step_us) / 1e3:.2f} ms less "
+                "with the buckets below)"
                 if self.buckets
                 else ""
             )

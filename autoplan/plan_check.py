@@ -384,7 +384,7 @@ class _Reader:
                 self.fail(key, b, "does not hold exactly its fields", valid)
             self.string(_key(key, "kind"), b["kind"], sorted(comm))
             self.string(_key(key, "where"), b["where"], ("head", "tail"))
-            self.count(_key(key, "members"), b["members"], least=1)
+            self.count(_key(key, "members"), b["members"], least=2)
             for a, axis in enumerate(self.listing(_key(key, "axes"), b["axes"])):
                 if self.count(_key(_key(key, "axes"), a), axis) >= self.num_axes:
                     valid = f"give a mesh axis in 0..{self.num_axes - 1}"

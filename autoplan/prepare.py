@@ -78,7 +78,6 @@ def prepare(
             master_bytes=4 if config.param_dtype is not None else None,
             reduce_bytes=config.reduce_dtype_bytes,
             routes=config.routes,
-            bucket_bytes=config.bucket_mib * 2**20,
         )
         done()
         yield Problem(traced, table, costs, config, allowed, pinned)

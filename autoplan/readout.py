@@ -19,10 +19,10 @@ import numpy as np
 
 from autoplan.config import PlanConfig
 from autoplan.cost.activations import backward_peak, cotangent_memory
-from autoplan.cost.buckets import GRAD_SLOT, merged_moves, plan_buckets, tail_buckets
+from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, state_copies
-from autoplan.cost.redistribute import BucketedTail, RedistributeModel
+from autoplan.cost.redistribute import RedistributeModel
 from autoplan.placements import fmt
 from autoplan.plan import Plan
 from autoplan.recompute import stepped_moves
@@ -65,10 +65,7 @@ def read_solution(
     ``stepped`` is the graph the applied module runs (with its recomputations,
     :func:`autoplan.recompute.with_recompute`), whose backward's peak is reported."""
     compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
-    collectives = CollectiveModel(config.topology)
-    redist = RedistributeModel(table.mesh_shape, collectives)
-    # gradients' moves as the ILP priced them (autoplan.cost.price: merged into buckets)
-    grad_redist = BucketedTail(table.mesh_shape, collectives, config.bucket_mib * 2**20)
+    redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
     comm_us = 0.0
     comm: dict[str, dict[str, float]] = {}
     routes: dict[str, list[str]] = {}
@@ -82,8 +79,7 @@ def read_solution(
         path = e.route(r, c)
         if len(path) > 2:
             routes[f"{e.dst}:{e.slot}"] = [fmt(p) for p in path[1:-1]]
-        pricer = grad_redist if e.slot == GRAD_SLOT else redist
-        for kind, _axes, nbytes, t in e.route_steps(pricer, r, c):
+        for kind, _axes, nbytes, t in e.route_steps(redist, r, c):
             entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
             entry["count"] += 1
             entry["bytes"] += nbytes
@@ -118,7 +114,7 @@ def read_solution(
     )
     step = stepped or traced
     moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
-    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20, grad_redist)
+    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20)
     tail = tail_buckets(merged, moved, table.mesh_shape)
     backward, returned = backward_peak(step, table, moved_choice, tail)
     breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak

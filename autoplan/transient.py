@@ -21,7 +21,7 @@ __all__ = ["reserve_transient"]
 
 
 def reserve_transient(
-    problem: Problem, plan: Plan, mode: str, base: dict[str, Any], timed: Timer, rounds: int = 4
+    problem: Problem, plan: Plan, mode: str, base: dict[str, Any], timed: Timer, rounds: int = 2
 ) -> Plan:
     """``plan`` when the budget does not count activations or its peak (the memory the
     budget caps plus the backward's transient peak) is within the budget. Otherwise its

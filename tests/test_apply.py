@@ -285,10 +285,7 @@ def _assert_matches(result: dict, plan: Plan) -> None:
     if not lowered["buckets"]:
         assert lowered["collectives"] == priced
     if result["plans_buckets"]:  # run with the plan's bucket size: the buckets it priced
-        # a bucket of one: a gradient the ILP priced as a bucket share, run alone
-        planned = sorted(
-            [b["kind"], b["where"], b["members"]] for b in plan.buckets if b["members"] > 1
-        )
+        planned = sorted([b["kind"], b["where"], b["members"]] for b in plan.buckets)
         assert sorted(lowered["buckets"]) == planned, (
             f"the run's buckets differ from the plan's: {sorted(lowered['buckets'])} != {planned}"
         )

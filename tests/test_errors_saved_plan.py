@@ -187,8 +187,8 @@ BAD = {
         ['param_placements["layers.9.wq.weight"]', "param_shapes lacks", *FIX],
     ),
     "comm-count-text": (
-        edited(lambda d: d["comm"]["all_reduce"].__setitem__("count", "two")),
-        ['comm["all_reduce"]["count"] = "two"', "not a number", *FIX],
+        edited(lambda d: d["comm"]["all_gather"].__setitem__("count", "two")),
+        ['comm["all_gather"]["count"] = "two"', "not a number", *FIX],
     ),
     "repeated-key": (
         text(lambda t: t.replace('"status": "optimal"', '"status": "optimal", "status": "great"')),

@@ -114,7 +114,7 @@ def test_the_breakdown_adds_up_and_the_budget_leaves_activations_out_unless_aske
     assert set(b) == set(CATEGORIES)
     assert b["gradients"] == b["parameters"] and b["optimizer"] == 2 * b["parameters"]
     assert plan.memory_bytes == pytest.approx(b["parameters"] * 4)
-    assert b["activations"] > 0.25 * plan.memory_bytes  # a large share at this sequence
+    assert b["activations"] > plan.memory_bytes  # most of the memory at this sequence
     assert "saved activations" in plan.summary() and "output's gradient" in plan.summary()
     logits = BATCH * SEQ * 128 * 4  # float32, vocabulary 128
     assert b["output_grad"] in {logits, logits / 2, logits / 4}  # a local shard on 2x2
@@ -125,8 +125,8 @@ def test_the_breakdown_adds_up_and_the_budget_leaves_activations_out_unless_aske
 def test_a_budget_counting_activations_shards_them_and_is_met():
     """The budget caps parameters, gradients, optimizer state and the kept activations;
     the plan's peak with the backward's transient is within it too (its first plan was
-    over, so it was solved again keeping room for the transient), and it keeps less than
-    the free plan. A 4-way mesh keeps the budgeted solves short."""
+    over, so it was solved again keeping room for the transient). A 4-way mesh keeps
+    the budgeted solves short."""
     free = _plan((4,))
     everything = sum(free.memory_breakdown[k] for k in ("parameters", "gradients", "optimizer"))
     everything += free.memory_breakdown["activations"]
@@ -138,7 +138,7 @@ def test_a_budget_counting_activations_shards_them_and_is_met():
     assert plan.memory_bytes == pytest.approx(counted)
     assert counted + b["transient"] <= budget * (1 + 1e-9)
     assert "The budget kept" in plan.message and "transient peak" in plan.message
-    assert counted < everything
+    assert b["activations"] < free.memory_breakdown["activations"]
     # merged into their producers, followers bring their activations along: the budget the
     # solver saw is the one the whole graph meets
     plain = _plan(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.cost.price import TANGENT_SLOT, CostTable
-from autoplan.cost.redistribute import MERGEABLE, RedistributeModel
+from autoplan.cost.redistribute import RedistributeModel
 from autoplan.trace import TracedGraph
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
+MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each
 # ops that only reshape, cast or regroup a value: a collective whose result reaches the
 # gradients through these alone delays no compute when merged with later ones
 RESHAPING = frozenset(
@@ -117,13 +118,11 @@ def merged_moves(
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
-    grad_redist: RedistributeModel | None = None,
 ) -> Merged:
-    """The buckets of two or more moves the chosen plan's head and tail moves run in, and
-    the gradient moves ``grad_redist`` (:class:`~autoplan.cost.redistribute.BucketedTail`,
-    what the ILP charged them) priced below their price alone, as buckets of one."""
-    found = _merged(traced, costs, redist, choice, cap_bytes, grad_redist or redist)
-    return Merged(tuple((w, tuple(ms)) for w, ms in found))
+    """The buckets of two or more moves the chosen plan's head and tail moves run in."""
+    return Merged(
+        tuple((w, tuple(ms)) for w, ms in _merged(traced, costs, redist, choice, cap_bytes))
+    )
 
 
 def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, Any]]:
@@ -172,7 +171,6 @@ def _merged(
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
-    grad_redist: RedistributeModel,
 ) -> list[tuple[str, list[_Move]]]:
     """Each bucket of two or more moves: ``"head"`` or ``"tail"``, and its members."""
     if cap_bytes <= 0:
@@ -201,8 +199,7 @@ def _merged(
             where = "tail" if e.dst in grad_tail else "head" if e.src in head_nodes else ""
         if not where:
             continue
-        pricer = grad_redist if e.slot == GRAD_SLOT else redist
-        for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(pricer, r, c)):
+        for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(redist, r, c)):
             if where == "head" and hop > 0:
                 break  # a later hop reads the first one's result: not a head collective
             if kind not in MERGEABLE:
@@ -221,16 +218,9 @@ def _merged(
         upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
         keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
         for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
-            if len(group) > 1 or _charged_below_alone(items[group[0]], redist):
+            if len(group) > 1:
                 out.append((where, [items[i] for i in group]))
     return out
-
-
-def _charged_below_alone(move: _Move, redist: RedistributeModel) -> bool:
-    """Whether ``move`` was priced below what it costs run alone (a gradient's share of
-    a bucket it ends up not sharing)."""
-    p, m = redist.span(move.axes)
-    return move.us < redist.collectives.time_us(move.kind, move.nbytes, p, m)
 
 
 def _param_derived(traced: TracedGraph, moved: set[tuple[str, str]]) -> set[str]:

@@ -31,14 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost.redistribute import (
-    MERGEABLE,
-    P_KIND,
-    R_KIND,
-    RedistributeModel,
-    axis_kind,
-    moves,
-)
+from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
 from autoplan.placements import Placements, is_strided, plain
 from autoplan.strategies.dtensor import Placement
 
@@ -64,10 +57,8 @@ class _Layout:
 class EdgePricer:
     """Prices edge matrices on one mesh; owns its caches for one planning run."""
 
-    def __init__(self, redist: RedistributeModel, tail_cap_bytes: float = 0.0) -> None:
+    def __init__(self, redist: RedistributeModel) -> None:
         self.redist = redist
-        # > 0: each move's last collective shares a bucket's latency (BucketedTail's rule)
-        self.tail_cap_bytes = float(tail_cap_bytes)
         mesh = redist.mesh_shape
         # Flattened groups _fuse may merge a reduce-scatter over: runs of adjacent axes.
         self._groups = [
@@ -133,8 +124,6 @@ class EdgePricer:
             cost = times[layout.slots[0]]
             for slot in layout.slots[1:]:
                 cost += times[slot]  # step after step, as cost_us sums them
-            if self.tail_cap_bytes > 0:
-                cost -= self._tail_discount(layout, numel, dtype_bytes, times)
         else:
             cost = np.zeros(layout.impossible.shape)
         cost[layout.impossible] = math.inf
@@ -363,25 +352,6 @@ class EdgePricer:
             i = self._term_ids[term] = len(self._terms)
             self._terms.append(term)
         return i
-
-    def _tail_discount(
-        self, layout: _Layout, numel: int, dtype_bytes: int, times: np.ndarray
-    ) -> np.ndarray:
-        """Per pair, what :class:`~autoplan.cost.redistribute.BucketedTail` takes off its
-        last collective: the latency the bucket's other members share."""
-        pad = len(layout.terms)
-        off = np.zeros(pad + 1)
-        for k, term in enumerate(layout.terms):
-            kind, axes, divisor = self._terms[term]
-            if kind in MERGEABLE:
-                p, m = self.redist.span(axes)
-                latency = self.redist.collectives.time_us(kind, dtype_bytes * p * m, p, m)
-                share = min(1.0, numel / divisor / self.tail_cap_bytes)
-                off[k] = (1.0 - share) * min(latency, times[k])
-        last = np.full(layout.slots.shape[1:], pad)
-        for slot in layout.slots[::-1]:  # the last collective each pair runs
-            last = np.where(last == pad, slot, last)
-        return off[last]
 
     def _time(self, term: int, numel: int) -> float:
         key = (term, numel)

@@ -193,7 +193,6 @@ def price(
     master_bytes: int | None = None,
     reduce_bytes: int | None = None,
     routes: bool = False,
-    bucket_bytes: float = 0.0,
 ) -> CostTable:
     """Price compute, redistribution and memory for every candidate in ``table``.
 
@@ -203,16 +202,11 @@ def price(
     parameter's), ``reduce_bytes`` the element size gradients are reduced in
     (default: the gradient's). ``routes`` prices activation edges by their cheapest
     route (:mod:`autoplan.cost.routes`); gradient edges keep DTensor's one-step
-    move, the reduction the optimizer step runs, whose last collective shares the
-    launch latency of its bucket when ``bucket_bytes`` > 0
-    (:class:`~autoplan.cost.redistribute.BucketedTail`).
+    move, the reduction the optimizer step runs.
     """
     mesh_shape = table.mesh_shape
     compute_model = ComputeModel(topology.device, mesh_shape)
-    collectives = CollectiveModel(topology)
-    pricer = EdgePricer(RedistributeModel(mesh_shape, collectives))
-    # a gradient's move, priced as BucketedTail prices it (in the matrix form)
-    grad_pricer = EdgePricer(RedistributeModel(mesh_shape, collectives), bucket_bytes)
+    pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topology)))
     router = Router(pricer) if routes else None
     fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}
     compute: dict[str, np.ndarray] = {}
@@ -279,11 +273,11 @@ def price(
         if grad is not None and grad in table.nodes:
             g = table.nodes[grad]
             tensor = replace(info, dtype_bytes=reduce_bytes) if reduce_bytes else info
-            gkey = (GRAD_SLOT, id(g.strategies), id(ns.strategies), tensor)
+            gkey = (id(g.strategies), id(ns.strategies), tensor)
             cached = edge_cache.get(gkey) if cache else None
             if cached is None:
                 cached = edge_cache[gkey] = edge_cost(
-                    grad_pricer,
+                    pricer,
                     grad,
                     0,
                     pname,

@@ -48,8 +48,6 @@ from autoplan.placements import Placements, is_strided, plain, sharded_dim
 from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
-# collectives that merge into one flat buffer (autoplan.cost.buckets, autoplan.bucket)
-MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
 
 
 # The walk below sees each axis placement as a *code* ``(kind, label)``: kind is the
@@ -165,36 +163,6 @@ class RedistributeModel:
         if steps is None:
             return INF
         return sum(s[3] for s in steps)
-
-
-class BucketedTail(RedistributeModel):
-    """Prices a gradient's move to its parameter's placement as the step runs it: the
-    move's last collective is merged with the other gradients' into buckets of
-    ``cap_bytes`` (:mod:`autoplan.cost.buckets`), so it pays its bandwidth whole and the
-    bucket's launch latency in proportion to the bytes it fills (the ILP's prices are a
-    sum over moves; one latency per move would make data parallelism look as dear as a
-    launch per parameter, which is not what runs). Earlier collectives of the move are
-    read by the last one and run alone, as the buckets do."""
-
-    def __init__(
-        self, mesh_shape: Sequence[int], collectives: CollectiveModel, cap_bytes: float
-    ) -> None:
-        super().__init__(mesh_shape, collectives)
-        self.cap_bytes = float(cap_bytes)
-
-    def steps(
-        self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
-    ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
-        out = super().steps(src, dst, shape, dtype_bytes)
-        if not out or self.cap_bytes <= 0 or out[-1][0] not in MERGEABLE:
-            return out
-        kind, axes, nbytes, us = out[-1]
-        p, m = self.span(axes)
-        # the latency: the time of the smallest message the group can move
-        latency = min(us, self.collectives.time_us(kind, dtype_bytes * p * m, p, m))
-        share = min(1.0, nbytes / self.cap_bytes)
-        out[-1] = (kind, axes, nbytes, us - (1.0 - share) * latency)
-        return out
 
 
 def moves(
