@@ -46,7 +46,7 @@ class Settings:
     pointwise_numels: tuple[int, ...] = tuple(4**k for k in range(4, 12))
     """Element counts of the float32 pointwise (add, mul) and reduction (sum) ops."""
     compute_repeats: int = 5
-    compute_min_us: int = 10_000
+    compute_min_us: int = 40_000
     """A compute op runs as often as it takes to last this long inside one timed repeat
     (at most ``max_inner`` times), so every rank runs it at once (:mod:`.timing`)."""
     max_inner: int = 50_000
