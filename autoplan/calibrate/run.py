@@ -19,6 +19,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from autoplan.cost.measured import Calibration
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
 
-__all__ = ["Calibrated", "calibrate", "measure"]
+__all__ = ["CalibrateOptions", "Calibrated", "calibrate", "measure"]
 
 Progress = Callable[[str], None]
 
@@ -53,28 +54,26 @@ class Calibrated:
     """The topology file's comment lines."""
 
 
-def calibrate(
-    mesh: DeviceMesh,
-    out: str | Path | None = None,
-    *,
-    force: bool = False,
-    ranks_per_node: int | None = None,
-    settings: Settings | None = None,
-    progress: Progress | None = None,
-) -> Topology:
-    """Measure ``mesh``'s collectives and devices and fit the cost model's figures.
+class CalibrateOptions(TypedDict, total=False):
+    """The keyword options :func:`calibrate` passes on to :func:`measure` (documented there,
+    with their defaults)."""
 
-    A collective: call it on every rank of the job, whose default group ``mesh`` must
-    span. ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole
-    job) tells a group inside one node from one across nodes. ``out``: rank 0 writes the
-    topology YAML there (refused if the file exists, unless ``force``). ``progress`` is
-    called with each phase's name as it starts. Use the result as
-    ``PlanConfig(topology=...)``, or the file as ``topology: FILE`` in a run file.
+    force: bool
+    ranks_per_node: int | None
+    settings: Settings | None
+    progress: Progress | None
+
+
+def calibrate(
+    mesh: DeviceMesh, out: str | Path | None = None, **options: Unpack[CalibrateOptions]
+) -> Topology:
+    """Measure ``mesh``'s collectives and devices into a topology: :func:`measure`, with
+    the same arguments, returning its topology alone, which is what a plan takes.
+
+    Use the result as ``PlanConfig(topology=...)``, or the file written to ``out`` as
+    ``topology: FILE`` in a run file.
     """
-    return measure(
-        mesh, out, force=force, ranks_per_node=ranks_per_node, settings=settings,
-        progress=progress,
-    ).topology  # fmt: skip
+    return measure(mesh, out, **options).topology
 
 
 def measure(
@@ -86,7 +85,16 @@ def measure(
     settings: Settings | None = None,
     progress: Progress | None = None,
 ) -> Calibrated:
-    """:func:`calibrate`, returning the fits' errors and the samples too."""
+    """Measure ``mesh``'s collectives and devices and fit the cost model's figures; the
+    topology, every fit's error and the samples they were fitted to.
+
+    A collective: call it on every rank of the job, whose default group ``mesh`` must
+    span. ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole
+    job) tells a group inside one node from one across nodes. ``out``: rank 0 writes the
+    topology YAML there (refused if the file exists, unless ``force``). ``settings``: what
+    is measured (default: :meth:`Settings.for_device` of the mesh's device). ``progress``
+    is called with each phase's name as it starts.
+    """
     device = _check_job(mesh)
     if not isinstance(force, bool):
         raise PlanError(f"force ({force!r}) must be True or False.")
