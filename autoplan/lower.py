@@ -13,15 +13,13 @@ Why: ``PlannedGraph`` runs every op through DTensor, so sharding propagation,
 redistribute planning and DTensor's dispatch would be paid per op at every step,
 although they decide the same thing each time. Here they run once: ``make_fx`` records
 one planned execution on fake local tensors (no compute, no communication), torch's own
-partitioner splits it where the forward ends, and every step runs the recorded local
-ops, eagerly or through ``torch.compile``.
+partitioner splits it where the forward ends (:mod:`autoplan.split_step`), and every step
+runs the recorded local ops, eagerly or through ``torch.compile``.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,15 +38,21 @@ from autoplan.bucket import (
 from autoplan.cost.price import arrival
 from autoplan.execute import PlannedGraph, collective_counts
 from autoplan.fold_views import fold_views
-from autoplan.graph import forward_part
 from autoplan.placements import Placements, fmt
 from autoplan.release import Keeper, hold_collectives
-from autoplan.strategies.dtensor import isolated_trace, local_shape, partition_joint
+from autoplan.split_step import (
+    SavedValue,
+    collective_ops,
+    forward_only,
+    placeholders,
+    saved_values,
+    split_joint,
+)
+from autoplan.strategies.dtensor import isolated_trace, local_shape
 
-__all__ = ["CommCounter", "LoweredStep", "OutputSpec", "SavedValue", "defer_waits", "lower"]
+__all__ = ["CommCounter", "LoweredStep", "OutputSpec", "defer_waits", "lower"]
 
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
-_TANGENT = "tangents_"  # the partitioner's name for the cotangent placeholders
 
 
 class CommCounter(CommDebugMode):
@@ -71,17 +75,6 @@ class OutputSpec:
     stride: tuple[int, ...]
     dtype: torch.dtype
     differentiable: bool
-
-
-@dataclass(frozen=True)
-class SavedValue:
-    """A value the forward program hands to the backward program, on this rank."""
-
-    name: str  # the forward program's node
-    what: str  # "activation", or the placeholder it is (a parameter, buffer or input)
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    nbytes: int
 
 
 class LoweredStep:
@@ -169,7 +162,7 @@ class LoweredStep:
     def collectives(self) -> dict[str, int]:
         """How many collectives of each kind a training step (forward and backward) runs,
         in ``plan.comm``'s vocabulary."""
-        return collective_counts(_collectives(self.forward) + _collectives(self.backward))
+        return collective_counts(collective_ops(self.forward) + collective_ops(self.backward))
 
     def unbucketed_collectives(self) -> dict[str, int]:
         """The collectives of a step before bucketing: one per planned move, as priced."""
@@ -181,7 +174,7 @@ class LoweredStep:
     def __str__(self) -> str:
         legend = [
             f"# {p.name}: {what}"
-            for p, what in zip(_placeholders(self.forward), self.names, strict=True)
+            for p, what in zip(placeholders(self.forward), self.names, strict=True)
         ]
         saved = [
             f"# saved {s.name}: {s.what} {list(s.shape)} {str(s.dtype).removeprefix('torch.')}"
@@ -254,7 +247,7 @@ def lower(
     # a collective whose result nothing reads is dead here as in the split programs
     gm.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
     gm.recompile()
-    forward, backward = _partition(gm, len(outputs))
+    forward, backward = split_joint(gm, len(outputs))
     names = tuple(
         [f"parameter {f} {fmt(p.placements)}" for f, p in zip(t.param_fqns, params, strict=True)]
         + [f"buffer {f}" for f in t.buffer_fqns]
@@ -262,12 +255,12 @@ def lower(
     )
     # matched by name before the passes below, which may replace a handed value
     # (a bucketed gather) by a node of another name in the same position
-    saved, backward_inputs = _saved(forward, backward, len(outputs), names)
+    saved, backward_inputs = saved_values(forward, backward, len(outputs), names)
     for program in (forward, backward):
         fold_views(program.graph)
-    parameters = {p.name for p in _placeholders(forward)[: len(params)]}
+    parameters = {p.name for p in placeholders(forward)[: len(params)]}
     # the backward's parameter-derived inputs: what the forward saves of its own
-    derived = param_derived(forward.graph, parameters) & {p.name for p in _placeholders(backward)}
+    derived = param_derived(forward.graph, parameters) & {p.name for p in placeholders(backward)}
     buckets = bucket_collectives(
         forward.graph, bucket_bytes, head_from=parameters, in_place=not compile
     )
@@ -277,7 +270,7 @@ def lower(
     for program in (forward, backward):
         defer_waits(program.graph)
         program.recompile()
-    inference = _forward_only(forward, len(outputs))
+    inference = forward_only(forward, len(outputs))
     return LoweredStep(
         forward,
         backward,
@@ -300,100 +293,6 @@ def _output_spec(graph: PlannedGraph, index: int) -> OutputSpec:
     want = graph.planned_output(name)
     return OutputSpec(
         want, tuple(val.shape), tuple(val.stride()), val.dtype, index in graph.traced.tangents
-    )
-
-
-def _partition(gm: fx.GraphModule, num_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Torch's default partitioner on the joint local graph: the forward is what the
-    outputs need (:func:`autoplan.graph.forward_part`), the rest is the backward."""
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    forward = forward_part(n for n in out.args[0][:num_outputs] if isinstance(n, fx.Node))
-    for node in forward:
-        node.meta["partitioner_tag"] = "is_forward"
-    fwd, bwd = partition_joint(gm, num_outputs)
-    for g in (fwd, bwd):
-        # the partitioner copies into the backward every op its inputs can compute, and
-        # keeps them though nothing reads them (a collective among them would run twice)
-        g.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
-    _hand_over_read_values(fwd, bwd, num_outputs)
-    for g in (fwd, bwd):
-        g.recompile()
-    if _collectives(fwd) + _collectives(bwd) != _collectives(gm):
-        raise RuntimeError(
-            "splitting the lowered step into forward and backward changed its collectives "
-            f"({dict(_collectives(gm))} became {dict(_collectives(fwd) + _collectives(bwd))})"
-        )
-    return fwd, bwd
-
-
-def _hand_over_read_values(fwd: fx.GraphModule, bwd: fx.GraphModule, num_outputs: int) -> None:
-    """Stop handing over the saved values no backward op reads. The partitioner saves
-    every forward collective's result that a backward node reads, counting the dead
-    copies of forward ops it puts there: once they are gone, a weight a recomputed layer
-    gathers again would be held through the backward for nothing."""
-    unread = {p.name for p in _placeholders(bwd) if not p.users and not p.name.startswith(_TANGENT)}
-    if not unread:
-        return
-    out = next(n for n in reversed(fwd.graph.nodes) if n.op == "output")
-    values = list(out.args[0])
-    out.args = (values[:num_outputs] + [n for n in values[num_outputs:] if n.name not in unread],)
-    for p in _placeholders(bwd):
-        if p.name in unread:
-            bwd.graph.erase_node(p)
-    fwd.graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
-
-
-def _forward_only(forward: fx.GraphModule, num_outputs: int) -> fx.GraphModule:
-    """The forward program returning the outputs only: what nothing else reads is dropped,
-    collectives included."""
-    graph = copy.deepcopy(forward.graph)
-    out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    out.args = (tuple(out.args[0][:num_outputs]),)
-    graph.eliminate_dead_code(is_impure_node=impure_except_collectives)
-    return fx.GraphModule(forward, graph)
-
-
-def _saved(
-    forward: fx.GraphModule, backward: fx.GraphModule, num_outputs: int, names: tuple[str, ...]
-) -> tuple[tuple[SavedValue, ...], tuple[int, ...]]:
-    """What the forward hands over, and where each backward placeholder comes from."""
-    out = next(n for n in reversed(forward.graph.nodes) if n.op == "output")
-    handed = list(out.args[0][num_outputs:])
-    primal = {p.name: what for p, what in zip(_placeholders(forward), names, strict=True)}
-    saved = []
-    for node in handed:
-        val = node.meta["val"]
-        saved.append(
-            SavedValue(
-                node.name,
-                primal.get(node.name, "activation"),
-                tuple(val.shape),
-                val.dtype,
-                val.numel() * val.element_size(),
-            )
-        )
-    position = {n.name: i for i, n in enumerate(handed)}
-    backward_inputs = []
-    for p in _placeholders(backward):
-        if p.name.startswith(_TANGENT):
-            backward_inputs.append(-int(p.name.removeprefix(_TANGENT)))  # tangents_1 -> -1
-        elif p.name in position:
-            backward_inputs.append(position[p.name])
-        else:
-            raise RuntimeError(f"backward program input {p.name} is not a saved forward value")
-    return tuple(saved), tuple(backward_inputs)
-
-
-def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def _collectives(gm: fx.GraphModule) -> Counter[object]:
-    return Counter(
-        node.target.overloadpacket
-        for node in gm.graph.nodes
-        if getattr(node.target, "namespace", None) == "_c10d_functional"
-        and node.target is not _WAIT
     )
 
 

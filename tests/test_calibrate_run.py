@@ -4,6 +4,7 @@ its measuring, fitting and writing)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 from pathlib import Path
@@ -14,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
 from autoplan.calibrate.fit_device import roofline_us
-from autoplan.calibrate.run import measure
+from autoplan.calibrate.run import CalibrateOptions, measure
 from autoplan.calibrate.settings import Settings
 from autoplan.cost.topology import Topology
 from autoplan.runfile import load_topology
@@ -98,3 +99,13 @@ def test_calibrate_is_the_public_api():
     """autoplan.calibrate is the function, not the package of the same name."""
     assert autoplan.calibrate.__module__ == "autoplan.calibrate.run"
     assert callable(autoplan.calibrate)
+
+
+def test_calibrate_takes_the_options_measure_takes():
+    """calibrate's keyword options are measure's keyword-only parameters, name for name, and
+    a misspelt one is refused before anything is measured."""
+    params = inspect.signature(measure).parameters.values()
+    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert list(CalibrateOptions.__annotations__) == keywords
+    with pytest.raises(TypeError, match="forse"):
+        autoplan.calibrate(None, forse=True)

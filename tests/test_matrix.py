@@ -239,7 +239,7 @@ def test_cbc_infeasible_said_once_time_is_up_counts_as_stopped(monkeypatch, ran_
             f.write("Integer infeasible - objective value 1.0\n")
         return 0, ""
 
-    monkeypatch.setattr(backends, "_owned_run", fake_cbc)
+    monkeypatch.setattr(backends, "run_owned", fake_cbc)
     got = run(m, "cbc", mip=True, time_limit_s=limit if ran_out else 60.0, mip_gap=0.0, cutoff=1.0)
     assert got.status == ("stopped" if ran_out else "infeasible") and got.x is None
 
@@ -278,6 +278,6 @@ def test_cbc_node_limit_with_lp_values_is_no_plan(monkeypatch):
             )
         return 0, ""
 
-    monkeypatch.setattr(backends, "_owned_run", fake_cbc)
+    monkeypatch.setattr(backends, "run_owned", fake_cbc)
     got = run(m, "cbc", mip=True, time_limit_s=None, mip_gap=0.0, max_nodes=7)
     assert (got.status, got.x, got.stopped_by) == ("stopped", None, "nodes")

@@ -8,7 +8,8 @@ Pipeline position: beside the planner; its output, a topology YAML (or a
 - :mod:`~autoplan.calibrate.timing`: every rank at once, the slowest rank, the median;
 - :mod:`~autoplan.calibrate.comm` and :mod:`~autoplan.calibrate.compute`: the measuring;
 - :mod:`~autoplan.calibrate.fit_links` and :mod:`~autoplan.calibrate.fit_device`: the fits;
-- :mod:`~autoplan.calibrate.write`: the YAML file;
+- :mod:`~autoplan.calibrate.header` and :mod:`~autoplan.calibrate.write`: the YAML file and
+  the comment heading it;
 - :mod:`~autoplan.calibrate.run`: :func:`calibrate`, the whole;
 - :mod:`~autoplan.calibrate.command`: the ``autoplan calibrate`` command under torchrun.
 

@@ -19,6 +19,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,7 @@ from autoplan.calibrate.compute import ComputeSample, measure_compute
 from autoplan.calibrate.fit_device import fit_device
 from autoplan.calibrate.fit_links import FitError, fit_collectives
 from autoplan.calibrate.groups import mesh_groups
+from autoplan.calibrate.header import header_lines
 from autoplan.calibrate.settings import Settings
 from autoplan.calibrate.timing import Clock
 from autoplan.calibrate.write import check_out, write_topology
@@ -36,7 +38,7 @@ from autoplan.cost.measured import Calibration
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
 
-__all__ = ["Calibrated", "calibrate", "measure"]
+__all__ = ["CalibrateOptions", "Calibrated", "calibrate", "measure"]
 
 Progress = Callable[[str], None]
 
@@ -53,28 +55,26 @@ class Calibrated:
     """The topology file's comment lines."""
 
 
-def calibrate(
-    mesh: DeviceMesh,
-    out: str | Path | None = None,
-    *,
-    force: bool = False,
-    ranks_per_node: int | None = None,
-    settings: Settings | None = None,
-    progress: Progress | None = None,
-) -> Topology:
-    """Measure ``mesh``'s collectives and devices and fit the cost model's figures.
+class CalibrateOptions(TypedDict, total=False):
+    """The keyword options :func:`calibrate` passes on to :func:`measure` (documented there,
+    with their defaults)."""
 
-    A collective: call it on every rank of the job, whose default group ``mesh`` must
-    span. ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole
-    job) tells a group inside one node from one across nodes. ``out``: rank 0 writes the
-    topology YAML there (refused if the file exists, unless ``force``). ``progress`` is
-    called with each phase's name as it starts. Use the result as
-    ``PlanConfig(topology=...)``, or the file as ``topology: FILE`` in a run file.
+    force: bool
+    ranks_per_node: int | None
+    settings: Settings | None
+    progress: Progress | None
+
+
+def calibrate(
+    mesh: DeviceMesh, out: str | Path | None = None, **options: Unpack[CalibrateOptions]
+) -> Topology:
+    """Measure ``mesh``'s collectives and devices into a topology: :func:`measure`, with
+    the same arguments, returning its topology alone, which is what a plan takes.
+
+    Use the result as ``PlanConfig(topology=...)``, or the file written to ``out`` as
+    ``topology: FILE`` in a run file.
     """
-    return measure(
-        mesh, out, force=force, ranks_per_node=ranks_per_node, settings=settings,
-        progress=progress,
-    ).topology  # fmt: skip
+    return measure(mesh, out, **options).topology
 
 
 def measure(
@@ -86,7 +86,16 @@ def measure(
     settings: Settings | None = None,
     progress: Progress | None = None,
 ) -> Calibrated:
-    """:func:`calibrate`, returning the fits' errors and the samples too."""
+    """Measure ``mesh``'s collectives and devices and fit the cost model's figures; the
+    topology, every fit's error and the samples they were fitted to.
+
+    A collective: call it on every rank of the job, whose default group ``mesh`` must
+    span. ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole
+    job) tells a group inside one node from one across nodes. ``out``: rank 0 writes the
+    topology YAML there (refused if the file exists, unless ``force``). ``settings``: what
+    is measured (default: :meth:`Settings.for_device` of the mesh's device). ``progress``
+    is called with each phase's name as it starts.
+    """
     device = _check_job(mesh)
     if not isinstance(force, bool):
         raise PlanError(f"force ({force!r}) must be True or False.")
@@ -113,6 +122,8 @@ def measure(
     date = datetime.datetime.fromtimestamp(round(when), datetime.UTC).isoformat()
     shape = tuple(mesh.shape)
     names = tuple(mesh.mesh_dim_names or (f"axis{a}" for a in range(len(shape))))
+    # The link figures copy the highest fitted busbw: the NCCL-style model reads them only
+    # for the collectives no fit covers (after a one-node calibration, those across nodes).
     busbw = {
         link: max((f.busbw_gbps for _, f in getattr(fits, link)), default=None)
         for link in ("intra", "inter")
@@ -137,7 +148,7 @@ def measure(
             errors=tuple((k, round(e.median, 4)) for k, e in errors.items()),
         ),
     )
-    header = _header(topology, settings, errors, busbw, out)
+    header = header_lines(topology, settings, errors, dist.get_world_size(), out)
     if out is not None and dist.get_rank() == 0:
         if progress is not None:
             progress("write")
@@ -212,42 +223,3 @@ def _memory_gib(device: torch.device, per_node: int) -> float:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory / 2**30
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / per_node
-
-
-def _header(
-    topology: Topology,
-    settings: Settings,
-    errors: dict[str, FitError],
-    busbw: dict[str, float | None],
-    out: str | Path | None,
-) -> list[str]:
-    cal = topology.calibration
-    assert cal is not None
-    mesh = " x ".join(f"{n}={k}" for n, k in zip(cal.names, cal.mesh, strict=True))
-    world = dist.get_world_size()
-    nodes = world // topology.gpus_per_node
-    fitted = ", ".join(
-        f"{k} {100 * e.median:.1f} % / {100 * e.worst:.1f} %" for k, e in errors.items()
-    )
-    unmeasured = ["intra_node_latency_us", "inter_node_latency_us"]
-    if busbw["inter"] is None:
-        unmeasured.append("inter_node_gbps")
-    if topology.nvls:
-        unmeasured.append("nvls")
-    name = Path(out).name if out is not None else "FILE.yaml"
-    return [
-        f"autoplan topology measured by `autoplan calibrate` on {cal.date}",
-        f"job: mesh {mesh}, {world} {cal.backend} ranks on {nodes} node{'s' * (nodes > 1)} "
-        f"({topology.gpus_per_node} per node), {topology.device.name}, torch {cal.torch}",
-        f"measured, every rank at once, the slowest rank's time, median over repeats: "
-        f"{settings.describe()}",
-        "model: a collective takes latency_us + step_us x (ranks - 1) + bytes x busfactor / "
-        "busbw_gbps (nccl-tests' bytes and bus factor), per link class (intra: one node, "
-        "inter: several) and op; an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
-        "op_overhead_us; intra_node_gbps (inter_node_gbps when measured) is the highest busbw "
-        "fitted inside a node (across nodes)",
-        f"fit errors, relative, median / worst: {fitted}",
-        f"not measured, kept from the h100 preset: {', '.join(unmeasured)} (they price only "
-        "what no fit covers)",
-        f"use: `topology: {name}` in a run file, or `autoplan plan RUN.yaml --set topology={name}`",
-    ]

@@ -1,8 +1,9 @@
 """Writing a calibrated topology: a YAML file that says what it is, whole or not at all.
 
 Stage: the last step of :func:`autoplan.calibrate.calibrate`.
-Input: the calibrated :class:`~autoplan.cost.topology.Topology`, the header's lines (how
-it was measured, how well it fits), the output path and ``force``.
+Input: the calibrated :class:`~autoplan.cost.topology.Topology`, the header's lines
+(:mod:`autoplan.calibrate.header`: how it was measured, how well it fits), the output path
+and ``force``.
 Output: the file, written through :func:`autoplan.user_files.write_text` (a temporary
 file renamed over the path: a reader never sees half a file), or a
 :class:`~autoplan.errors.PlanError` before any measuring if the path is taken or cannot

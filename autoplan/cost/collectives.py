@@ -69,7 +69,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from autoplan.cost.measured import LinkFit
+from autoplan.cost.measured import MEASURED_CHOICE, measured_time_us
 from autoplan.cost.topology import Topology
 from autoplan.errors import PlanError
 
@@ -158,10 +158,6 @@ class _Candidate:
         # ramp_bytes never fills the pipeline and moves at about half the rate.
         ramp = self.ramp_us * nbytes / (nbytes + self.ramp_bytes) if self.ramp_bytes else 0.0
         return self.latency_us + ramp + nbytes * per_byte
-
-
-# What ``choice`` names for a group priced by its measured fit.
-_MEASURED = _Candidate("Measured", "fit", 0.0, 0.0, 0.0, 0.0, -1)
 
 
 def _candidate(
@@ -291,7 +287,7 @@ class CollectiveModel:
 
     def _lookup(
         self, op: str, nbytes: float, p: int, m: int, dtype_bytes: int
-    ) -> tuple[float, _Candidate] | None:
+    ) -> tuple[float, tuple[str, str]] | None:
         key = (op, p, m, dtype_bytes)
         candidates = self._cache.get(key)
         if candidates is None:
@@ -304,14 +300,11 @@ class CollectiveModel:
         if not candidates or nbytes == 0:
             return None
         padded = _padded(nbytes, int(p) * int(m), dtype_bytes)
-        measured = self._measured(op, int(m))
+        measured = measured_time_us(self.topology.collectives, op, padded, int(p), int(m))
         if measured is not None:
-            return measured.time_us(op, padded, int(p) * int(m)), _MEASURED
-        return _best(candidates, padded)
-
-    def _measured(self, op: str, nodes: int) -> LinkFit | None:
-        fits = self.topology.collectives
-        return None if fits is None else fits.fit(op, nodes)
+            return measured, MEASURED_CHOICE
+        time, best = _best(candidates, padded)
+        return time, (best.algorithm, best.protocol)
 
     def time_us(
         self, op: str, nbytes: float, ranks_per_node: int, nodes: int, *, dtype_bytes: int = 2
@@ -325,7 +318,7 @@ class CollectiveModel:
     ) -> tuple[str, str]:
         """The winning (algorithm, protocol); ``("None", "None")`` for a group of one."""
         found = self._lookup(op, nbytes, ranks_per_node, nodes, dtype_bytes)
-        return ("None", "None") if found is None else (found[1].algorithm, found[1].protocol)
+        return ("None", "None") if found is None else found[1]
 
 
 def collective_time_us(

@@ -4,7 +4,9 @@ Stage: input to ``cost/`` beside :mod:`autoplan.cost.topology`; written by
 ``autoplan calibrate`` (:mod:`autoplan.calibrate`), read from a topology YAML.
 Inputs: the ``collectives`` and ``calibration`` mappings of a topology file.
 Outputs: frozen :class:`CollectiveFits` (one :class:`LinkFit` per link class and op) and
-:class:`Calibration` (when, where and how well the figures were measured).
+:class:`Calibration` (when, where and how well the figures were measured); and
+:func:`measured_time_us`, the price of a collective its fit covers, which
+:mod:`autoplan.cost.collectives` takes before its NCCL-style model.
 Why: a datasheet prices a GPU that may not be the one running the plan; a job's own
 measured collectives are its real prices. A fit is the ring model every collective
 library's tuner starts from, ``t = latency + step x (n - 1) + bytes x busfactor(n) /
@@ -21,13 +23,25 @@ from typing import Any
 
 from autoplan.errors import PlanError
 
-__all__ = ["FORMAT", "LINKS", "OPS", "Calibration", "CollectiveFits", "LinkFit", "bus_factor"]
+__all__ = [
+    "FORMAT",
+    "LINKS",
+    "MEASURED_CHOICE",
+    "OPS",
+    "Calibration",
+    "CollectiveFits",
+    "LinkFit",
+    "bus_factor",
+    "measured_time_us",
+]
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 LINKS = ("intra", "inter")
 """Link classes: a group inside one node, and a group across nodes."""
 FORMAT = 1
 """The calibration format this version reads and writes."""
+MEASURED_CHOICE = ("Measured", "fit")
+"""The (algorithm, protocol) reported for a collective priced by its measured fit."""
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -128,6 +142,16 @@ class CollectiveFits:
         if not links:
             raise PlanError(f"{where} is empty; give at least one link class ({', '.join(LINKS)}).")
         return cls(**links)
+
+
+def measured_time_us(
+    fits: CollectiveFits | None, op: str, nbytes: float, ranks_per_node: int, nodes: int
+) -> float | None:
+    """Microseconds for ``op`` on ``nbytes`` over a ``ranks_per_node`` x ``nodes`` group, from
+    its measured fit; ``None`` when the topology measured no fit for that op and link class, so
+    that the caller prices it with the NCCL-style model instead."""
+    fit = None if fits is None else fits.fit(op, nodes)
+    return None if fit is None else fit.time_us(op, nbytes, ranks_per_node * nodes)
 
 
 @dataclass(frozen=True)

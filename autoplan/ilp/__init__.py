@@ -16,5 +16,5 @@ Run order, one sub-package each:
 
 :mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share, and
 :mod:`~autoplan.ilp.backends` the solvers (CBC, HiGHS) that the bound's LP and the MIP
-both run.
+both run, with :mod:`~autoplan.ilp.owned_process` owning CBC's child process.
 """

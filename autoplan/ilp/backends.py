@@ -12,8 +12,9 @@ stops says so (``stopped_by="time"``).
 
 CBC ships inside PuLP as a binary: the matrix is written as a free-format MPS
 file, CBC runs on it (with the options :func:`_run_cbc` gives, each with its reason)
-and writes a solution file with values and reduced costs, which is read back with
-numpy. HiGHS (``highspy``, the optional ``highs`` extra) takes the arrays in memory.
+as a child process that :mod:`autoplan.ilp.owned_process` owns, and writes a solution
+file with values and reduced costs, which is read back with numpy. HiGHS (``highspy``,
+the optional ``highs`` extra) takes the arrays in memory.
 Why no modelling layer: a Python object per variable is slow to build and write on
 the planner's large ILPs. Why beside the sub-packages: the bound's LP
 (:mod:`autoplan.ilp.bound.relax`) and the MIP (:mod:`autoplan.ilp.solver.solve`) both run
@@ -22,14 +23,9 @@ here, and it needs nothing past the formulation.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -39,6 +35,7 @@ from pulp.apis import coin_api
 
 from autoplan.errors import PlanError
 from autoplan.ilp.formulation.matrix import Matrix
+from autoplan.ilp.owned_process import run_owned
 
 SOLVERS = ("cbc", "highs")
 # Seconds CBC may run past its time limit before it is stopped (see _run_cbc).
@@ -301,37 +298,6 @@ def read_solution(
     return "stopped", None, dj, y
 
 
-# Signals whose handlers may raise (Ctrl-C, and the CLI's SIGTERM and SIGHUP).
-_INTERRUPTS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
-
-
-@contextlib.contextmanager
-def _interrupts_held(held: list[int]) -> Iterator[None]:
-    """Inside the block, the interrupting signals are recorded in ``held``, not handled;
-    the previous handlers come back after it. A signal handled inside ``Popen`` would raise
-    after the child started and before the caller owns it, and the child would outlive us.
-    Only the main thread installs handlers, so elsewhere this holds nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {
-        s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in _INTERRUPTS
-    }
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _deliver(held: list[int]) -> None:
-    """Raise the signals :func:`_interrupts_held` recorded, now handled as they came."""
-    for signum in held:
-        signal.raise_signal(signum)
-
-
 def _stop_reason(path: str) -> str:
     """Which limit stopped CBC, from its solution file's first line: "time" ("Stopped on
     time"), "nodes" ("Stopped on iterations", which -maxNodes writes) or "" (none)."""
@@ -340,35 +306,6 @@ def _stop_reason(path: str) -> str:
     if head[:1] != ["Stopped"]:
         return ""
     return "time" if "time" in head else "nodes"
-
-
-def _owned_run(args: list[str], wait: float | None) -> tuple[int | None, str]:
-    """Run ``args`` to completion: (exit code, output), or (None, output) past ``wait`` s.
-
-    The child is killed and reaped on every way out of here (the time limit, Ctrl-C, a
-    signal the caller turned into an exception, one landing while the child starts), so
-    no solver outlives the solve.
-    """
-    held: list[int] = []
-    try:
-        with _interrupts_held(held):
-            child = subprocess.Popen(
-                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-    except BaseException:
-        _deliver(held)  # an interruption outranks the failed start
-        raise
-    with child:
-        try:
-            _deliver(held)  # the child is owned now: the finally below stops it
-            output, _ = child.communicate(timeout=wait)
-        except subprocess.TimeoutExpired:
-            return None, ""
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()  # reaped here: on Ctrl-C, Popen's own exit waits only briefly
-        return child.returncode, output
 
 
 def _run_cbc(job: _Job) -> RunResult:
@@ -410,7 +347,7 @@ def _run_cbc(job: _Job) -> RunResult:
         if time_limit_s is not None:
             wait = time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
         began = time.perf_counter()
-        code, output = _owned_run(args, wait)
+        code, output = run_owned(args, wait)
         if code is None:
             return RunResult("stopped", None, stopped_by="time")
         ran_out = time_limit_s is not None and time.perf_counter() - began >= time_limit_s

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.ilp.bound.dual_layout import End, Visit, diagonal_blocks, flat, starts
+from autoplan.ilp.bound.dual_seed import seed_messages, warm_fits
 from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind
 from autoplan.ilp.formulation.build import Warm
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT
@@ -199,33 +200,14 @@ class _Ascent:
 
     def seed(self, dual: Dual, other: Problem) -> None:
         """Start from the messages and multiplier of ``dual``, an ascent on ``other``, a
-        problem built from the same cost table (the same model tied, or this one with
-        more strategies allowed). Each edge here takes the messages of the edge there that
-        stands for its first cost-table edge (or is this one, for a restriction), read
-        through a strategy of each of its groups and split over the edges that edge
-        stands for. Any messages give a valid
-        bound; these give a restriction of ``other`` at least the bound they gave it, and
-        an untied copy of a tied model nearly that."""
+        problem built from the same cost table (:func:`~autoplan.ilp.bound.dual_seed.seed_messages`
+        says which edge takes which). Any messages give a valid bound; these give a
+        restriction of ``other`` at least the bound they gave it, and an untied copy of a
+        tied model nearly that."""
         self.set_lam(dual.lam)
-        shared = {id(e): k for k, e in enumerate(other.edges)}  # a restriction's own edges
-        edge_of = {j: k for k, e in enumerate(other.edges) for j in e.sources}
-        for mine, e in enumerate(self.p.edges):
-            k = shared.get(id(e))
-            if k is None and e.sources:
-                k = edge_of.get(e.sources[0])
-            if k is None:
-                continue  # folded away there: no messages to take
-            theirs = other.edges[k]
-            scale = 1.0 if theirs is e else len(e.sources) / len(theirs.sources)
-            for end in self.pairs[mine]:
-                full = dual.a[k] if end.axis == 0 else dual.b[k]
-                group = theirs.src_group if end.axis == 0 else theirs.dst_group
-                at = group[end.order[end.starts]]  # there, the group of one strategy of each
-                c = np.where(at >= 0, full[np.maximum(at, 0)], 0.0) * scale
-                c = np.where(np.isfinite(c), c, 0.0)
-                cls = e.src if end.axis == 0 else e.dst
-                self.theta[cls] += c[end.local]
-                end.take(c)
+        for cls, end, c in seed_messages(self.p, self.pairs, dual.a, dual.b, other):
+            self.theta[cls] += c[end.local]
+            end.take(c)
 
     def _past_deadline(self) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -271,7 +253,7 @@ class Ascent:
         if time_limit_s is not None:
             self._st.deadline = time.perf_counter() + time_limit_s
         self.sweeps = 0
-        self.warmed = warm is not None and _fits(self._st.snapshot(), warm.snapshot)
+        self.warmed = warm is not None and warm_fits(self._st.snapshot(), warm.snapshot)
         if self.warmed:
             self._st.restore(warm.snapshot)
         elif seed is not None:
@@ -309,21 +291,6 @@ class Ascent:
         """Whether the time limit stopped the sweeps (the bound is valid, but another run
         could reach another one)."""
         return self._st.out_of_time
-
-
-def _fits(mine: tuple, theirs: tuple) -> bool:
-    """Whether snapshot ``theirs`` is of a problem laid out as ``mine``'s."""
-    _, theta, phi, msgs = mine
-    _, theta2, phi2, msgs2 = theirs
-    return (
-        theta.shape == theta2.shape
-        and phi.shape == phi2.shape
-        and len(msgs) == len(msgs2)
-        and all(
-            a.shape == c.shape and b.shape == d.shape
-            for (a, b), (c, d) in zip(msgs, msgs2, strict=True)
-        )
-    )
 
 
 def ascend(p: Problem) -> Dual:
