@@ -23,7 +23,7 @@ def test_the_table_names_each_fit_and_its_errors():
         "overhead": FitError(0.03, 0.2, 3),
         "matmul_bf16": FitError(0.055, 0.941, 5),
     }
-    lines = format_calibration(Calibrated(topo, errors, [], [], [])).splitlines()
+    lines = format_calibration(Calibrated(topo, errors, [], [], None, [])).splitlines()
     assert lines[0].split() == [
         "kind",
         "fitted",

@@ -25,7 +25,7 @@ from tests.helpers.gloo import run_workers
 SMALL = Settings(
     comm_min_bytes=64, comm_max_bytes=4 << 20, comm_factor=16, min_repeats=3, max_repeats=5,
     matmul_n=64, pointwise_numels=(256, 4096, 65536, 1 << 20), compute_repeats=3,
-    compute_min_us=2000,
+    compute_min_us=2000, cold_bytes=4 << 20, sync_repeats=5,
 )  # fmt: skip
 
 
@@ -47,6 +47,7 @@ def _calibrate(rank: int, out: str, shape: list[int], names: list[str]) -> dict:
         "compute": compute,
         "groups": sorted({(s.group, s.ranks, s.link) for s in result.collectives}),
         "errors": {k: [e.median, e.worst] for k, e in result.errors.items()},
+        "sync": [result.sync.burst_us, result.sync.collective_us, result.sync.both_us],
     }
 
 
@@ -65,7 +66,8 @@ def test_calibrate_on_gloo_ranks(tmp_path, shape, names, groups):
     rank 0's file loads back as it; every figure is positive; each op's fit predicts the
     times it was fitted to within a factor of 5 at the median (a wrong unit is off by
     1000; beside a busy process a 2-rank all_reduce's fit read 0.37 at the median, so the
-    bound allows that noise); each group was measured, inside one node."""
+    bound allows that noise); each group was measured, inside one node; the arrival wait
+    written is the one measured."""
     out = tmp_path / "cpu.yaml"
     world = math.prod(shape)
     results = run_workers(_calibrate, world, str(tmp_path), str(out), list(shape), list(names))
@@ -93,6 +95,10 @@ def test_calibrate_on_gloo_ranks(tmp_path, shape, names, groups):
         "gloo", shape, names, str(torch.__version__),
     )  # fmt: skip
     assert dict(cal.errors).keys() == results[0]["errors"].keys()
+    # the arrival wait: measured on the whole mesh, what the collective adds after compute
+    burst, alone, both = results[0]["sync"]
+    assert burst > 0 and alone > 0
+    assert topo.collectives.sync_us == pytest.approx(max(0.0, both - burst - alone), abs=0.1)
 
 
 def test_calibrate_is_the_public_api():

@@ -19,7 +19,7 @@ def _calibrated() -> Topology:
     return Topology(
         device=Device("cpu-4x", 0.05, 0.1, 8.0, 16.0, 1.0, 1.0, 40.0),
         gpus_per_node=4,
-        collectives=CollectiveFits(intra=(("all_reduce", FIT), ("all_gather", FIT))),
+        collectives=CollectiveFits(intra=(("all_reduce", FIT), ("all_gather", FIT)), sync_us=250.0),
         calibration=Calibration(
             date="2026-11-27T16:00:00+00:00",
             torch="2.13.0",
@@ -46,13 +46,25 @@ def test_a_measured_op_replaces_the_nccl_model_only_where_measured():
     model = CollectiveModel(topo)
     # 1 MiB of float32 over 4 ranks: 2^20 divides into whole elements, no padding
     assert model.time_us("all_reduce", 2**20, 4, 1, dtype_bytes=4) == pytest.approx(
-        FIT.time_us("all_reduce", 2**20, 4)
+        FIT.time_us("all_reduce", 2**20, 4) + 250.0
     )
     assert algorithm_choice("all_reduce", 2**20, 4, 1, topo) == ("Measured", "fit")
     for op, p, m in (("reduce_scatter", 4, 1), ("all_reduce", 2, 2)):
         assert collective_time_us(op, 2**20, p, m, topo) == collective_time_us(
             op, 2**20, p, m, plain
         )
+
+
+def test_the_arrival_wait_is_paid_once_by_every_measured_collective_of_two_ranks_or_more():
+    """collectives.sync_us is added to each fitted collective's time, once whatever its
+    size, and not to a group of one (it waits for no one)."""
+    topo = _calibrated()
+    model = CollectiveModel(topo)
+    for nbytes in (64, 2**24):
+        assert model.time_us("all_gather", nbytes, 2, 1, dtype_bytes=4) == pytest.approx(
+            FIT.time_us("all_gather", nbytes, 2) + 250.0
+        )
+    assert model.time_us("all_gather", 2**20, 1, 1, dtype_bytes=4) == 0.0
 
 
 def test_the_device_prices_compute_with_its_own_overhead_and_efficiencies():
@@ -95,6 +107,7 @@ def test_a_calibrated_file_round_trips_through_a_run_file(tmp_path):
         (lambda d: d["collectives"]["intra"].update(broadcast=dict(FIT.to_dict())), r"unknown key 'broadcast'"),
         (lambda d: d["calibration"].update(mesh="2x2"), r"calibration.mesh \('2x2'\) must be a list"),
         (lambda d: d.update(collectives=[1]), r"collectives must be a mapping"),
+        (lambda d: d["collectives"].update(sync_us=-1), r"collectives.sync_us \(-1\) must be >= 0"),
     ],
 )  # fmt: skip
 def test_a_corrupt_or_foreign_calibration_is_refused_by_name(tmp_path, edit, message):

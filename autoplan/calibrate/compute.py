@@ -11,7 +11,9 @@ Why these ops: the roofline prices a node by its FLOPs at the dtype's peak, its 
 the memory bandwidth, plus a fixed cost per op; matmuls at the model's shape classes
 show the peak, large pointwise and reduction ops the bandwidth, tiny ops the fixed cost
 (an eager CPU op's dispatch, a GPU kernel's launch), which dominates small models.
-Each op allocates its output, as the ops of a step do.
+Each op allocates its output, as the ops of a step do, and is called as a lowered
+program calls it (an ATen overload); pointwise and reduction operands cycle through
+buffers larger than the caches, as a step's ops read values written long before.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ KINDS = ("overhead", "matmul", "pointwise", "reduction")
 MATMUL_DTYPES = ("float32", "bfloat16")
 """The dtypes of the device's two peaks (float16 is priced at the bfloat16 peak)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_aten = torch.ops.aten
+_MAX_PAIRS = 4096
+"""Operand pairs a small op cycles through: its calls still leave the per-core caches."""
 
 
 @dataclass(frozen=True)
@@ -63,16 +68,19 @@ def measure_compute(
         )  # fmt: skip
         queued.append((kind, label, dtype, flops, nbytes))
 
+    # the overhead through the call a lowered program makes (an ATen overload), not a
+    # Tensor method's faster path
     one = torch.ones(1, device=device)
-    for name, run in (("add", lambda: one + one), ("mul", lambda: one * one)):
-        add("overhead", f"{name} 1", "float32", 0, 12, run)
-    add("overhead", "sum 1", "float32", 0, 8, lambda: one.sum())
+    pool = torch.rand(settings.cold_bytes // 4, device=device)
+    for name, op in (("add", _aten.add.Tensor), ("mul", _aten.mul.Tensor)):
+        add("overhead", f"{name} 1", "float32", 0, 12, lambda op=op: op(one, one))
+    add("overhead", "sum 1", "float32", 0, 8, lambda: _aten.sum.default(one))
     for numel in settings.pointwise_numels:
-        a = torch.rand(numel, device=device)
-        b = torch.rand(numel, device=device)
-        for name, run in (("add", lambda a=a, b=b: a + b), ("mul", lambda a=a, b=b: a * b)):
-            add("pointwise", f"{name} {numel}", "float32", 0, 12 * numel, run)
-        add("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4, lambda a=a: a.sum())
+        pairs = _cold_pairs(pool, numel)
+        for name, op in (("add", _aten.add.Tensor), ("mul", _aten.mul.Tensor)):
+            add("pointwise", f"{name} {numel}", "float32", 0, 12 * numel, _cycling(op, pairs))
+        sums = _cycling(lambda a, _b: _aten.sum.default(a), pairs)
+        add("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4, sums)
     for dtype in MATMUL_DTYPES:
         for _, (m, k, n), _ in settings.matmul_shapes():
             a = torch.rand(m, k, device=device).to(_DTYPES[dtype])
@@ -81,3 +89,27 @@ def measure_compute(
             add("matmul", f"mm {m}x{k}x{n}", dtype, 2 * m * k * n, nbytes, lambda a=a, b=b: a @ b)
     times = clock.settle()
     return [ComputeSample(*q, t) for q, t in zip(queued, times, strict=True)]
+
+
+def _cold_pairs(pool: torch.Tensor, numel: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Operand pairs of ``numel`` elements side by side along ``pool`` (at most
+    :data:`_MAX_PAIRS`), or one pair of their own when ``pool`` cannot hold two."""
+    if 2 * numel > pool.numel():
+        return [(torch.rand(numel, device=pool.device), torch.rand(numel, device=pool.device))]
+    starts = range(0, pool.numel() - 2 * numel + 1, 2 * numel)
+    return [(pool[o : o + numel], pool[o + numel : o + 2 * numel]) for o in starts[:_MAX_PAIRS]]
+
+
+def _cycling(
+    op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> Callable[[], torch.Tensor]:
+    """``op`` on the next pair at each call, round the list."""
+    at = [0]
+
+    def run() -> torch.Tensor:
+        a, b = pairs[at[0]]
+        at[0] = (at[0] + 1) % len(pairs)
+        return op(a, b)
+
+    return run

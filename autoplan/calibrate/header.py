@@ -62,7 +62,8 @@ def header_lines(
         f"{settings.describe()}",
         "model: a collective takes latency_us + step_us x (ranks - 1) + bytes x busfactor / "
         "busbw_gbps (nccl-tests' bytes and bus factor), per link class (intra: one node, "
-        "inter: several) and op; an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
+        "inter: several) and op, plus collectives.sync_us (the wait for the last rank to "
+        "arrive from compute); an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
         "op_overhead_us",
         f"fit errors, relative, median / worst: {fitted}",
         _link_line(fitted_ops),

@@ -51,6 +51,12 @@ def format_calibration(result: Calibrated) -> str:
         for row in rows
     ]
     lines.insert(1, "-" * len(lines[0]))
+    if result.sync is not None:
+        s = result.sync
+        lines.append(
+            f"sync_us {s.penalty_us:.0f} on {s.group}: a collective after {s.burst_us:.0f} us of "
+            f"compute took {s.both_us - s.burst_us:.0f} us, {s.collective_us:.0f} us alone"
+        )
     d = topo.device
     lines.append(f"device: {d.name}, memory_gib {d.memory_gib:g}")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ import datetime
 import os
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict, Unpack
 
@@ -32,6 +32,7 @@ from autoplan.calibrate.fit_links import FitError, fit_collectives
 from autoplan.calibrate.groups import mesh_groups
 from autoplan.calibrate.header import header_lines
 from autoplan.calibrate.settings import Settings
+from autoplan.calibrate.sync import SyncSample, measure_sync
 from autoplan.calibrate.timing import Clock
 from autoplan.calibrate.write import check_out, write_topology
 from autoplan.cost.measured import Calibration
@@ -51,6 +52,8 @@ class Calibrated:
     errors: dict[str, FitError]
     collectives: list[CollectiveSample]
     compute: list[ComputeSample]
+    sync: SyncSample | None
+    """The arrival wait measured on the whole mesh (None: a job of one rank)."""
     header: list[str]
     """The topology file's comment lines."""
 
@@ -107,10 +110,16 @@ def measure(
     _agree_on_out(out, force, clock)
     with mesh_groups(mesh, per_node) as groups:
         links = measure_collectives(groups, settings, clock, progress)
+        if progress is not None:
+            progress("sync")
+        # the whole mesh's group: the ranks a step's slowest arrival is among
+        sync = measure_sync(max(groups, key=lambda g: g.ranks), settings, clock) if groups else None
     compute = measure_compute(settings, clock, progress)
     if progress is not None:
         progress("fit")
     fits, errors = fit_collectives(links)
+    if sync is not None and (fits.intra or fits.inter):
+        fits = replace(fits, sync_us=sync.penalty_us)
     large = min(2 * m * k * n for _, (m, k, n), big in settings.matmul_shapes() if big)
     measured_device, device_errors = fit_device(
         compute, name=_device_name(device, per_node), memory_gib=_memory_gib(device, per_node),
@@ -153,7 +162,7 @@ def measure(
         if progress is not None:
             progress("write")
         write_topology(out, topology, header, force=force)
-    return Calibrated(topology, errors, links, compute, header)
+    return Calibrated(topology, errors, links, compute, sync, header)
 
 
 def _check_job(mesh: DeviceMesh) -> torch.device:

@@ -50,11 +50,21 @@ class Settings:
     """A compute op runs as often as it takes to last this long inside one timed repeat
     (at most ``max_inner`` times), so every rank runs it at once (:mod:`.timing`)."""
     max_inner: int = 50_000
+    cold_bytes: int = 64 * MiB
+    """Pointwise and reduction operands cycle through buffers of this many bytes in all,
+    twice a CPU's last-level cache: a step's ops read values written long before, from
+    memory, not from a cache a repeated call keeps warm."""
+    sync_burst_calls: int = 2
+    """The compute before a collective when its arrival wait is measured
+    (:mod:`.sync`): this many square matmuls of ``matmul_n``, about a millisecond, the
+    compute between two collectives of a tensor-parallel step."""
+    sync_repeats: int = 25
 
     def __post_init__(self) -> None:
         ints = (
             "comm_min_bytes", "comm_max_bytes", "comm_factor", "repeat_bytes", "min_repeats",
             "max_repeats", "matmul_n", "compute_repeats", "compute_min_us", "max_inner",
+            "cold_bytes", "sync_burst_calls", "sync_repeats",
         )  # fmt: skip
         for name in ints:
             value = getattr(self, name)
@@ -97,6 +107,8 @@ class Settings:
                 pointwise_numels=tuple(4**k for k in range(5, 15)),
                 compute_repeats=10,
                 compute_min_us=2_000,
+                cold_bytes=256 * MiB,  # an H100's L2 is 50 MB
+                sync_burst_calls=30,
             )
         return replace(base, **changes)
 
@@ -131,7 +143,9 @@ class Settings:
             f"(x{self.comm_factor}), {self.min_repeats}-{self.max_repeats} repeats; "
             f"float32 and bfloat16 matmuls at {len(self.matmul_shapes())} shapes "
             f"(n = {self.matmul_n}); add, mul, sum at {len(self.pointwise_numels)} "
-            f"sizes; {self.compute_repeats} repeats each"
+            f"sizes on operands cycling through {human_bytes(self.cold_bytes)}; "
+            f"{self.compute_repeats} repeats each; a collective's arrival wait after "
+            f"{self.sync_burst_calls} matmuls, {self.sync_repeats} repeats"
         )
 
 

@@ -113,35 +113,43 @@ class LinkFit:
 class CollectiveFits:
     """Measured collectives per link class; an op or link left out is priced by the
     NCCL-style model of :mod:`autoplan.cost.collectives` (a one-node calibration says
-    nothing about the network)."""
+    nothing about the network). ``sync_us`` is what a collective waited for right after
+    compute adds to its fit: the ranks reach it at different moments (on ranks sharing
+    cores, by a scheduler's time slices), and the first to arrive waits for the last."""
 
     intra: tuple[tuple[str, LinkFit], ...] = ()
     inter: tuple[tuple[str, LinkFit], ...] = ()
+    sync_us: float = 0.0
 
     def fit(self, op: str, nodes: int) -> LinkFit | None:
         """The fit for ``op`` on a group spanning ``nodes`` nodes, if measured."""
         return dict(self.intra if nodes == 1 else self.inter).get(op)
 
-    def to_dict(self) -> dict[str, dict[str, dict[str, float]]]:
-        out = {}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for link in LINKS:
             ops = getattr(self, link)
             if ops:
                 out[link] = {op: f.to_dict() for op, f in ops}
+        if self.sync_us:
+            out["sync_us"] = round(self.sync_us, 1)
         return out
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "collectives") -> CollectiveFits:
-        d = _mapping(where, d, LINKS)
-        links = {}
+        d = _mapping(where, d, (*LINKS, "sync_us"))
+        links: dict[str, Any] = {}
         for link, ops in d.items():
+            if link == "sync_us":
+                continue
             ops = _mapping(f"{where}.{link}", ops, OPS)
             links[link] = tuple(
                 (op, LinkFit.from_dict(fit, f"{where}.{link}.{op}")) for op, fit in ops.items()
             )
         if not links:
             raise PlanError(f"{where} is empty; give at least one link class ({', '.join(LINKS)}).")
-        return cls(**links)
+        sync = _number(f"{where}.sync_us", d["sync_us"]) if "sync_us" in d else 0.0
+        return cls(**links, sync_us=sync)
 
 
 def measured_time_us(
@@ -151,7 +159,10 @@ def measured_time_us(
     its measured fit; ``None`` when the topology measured no fit for that op and link class, so
     that the caller prices it with the NCCL-style model instead."""
     fit = None if fits is None else fits.fit(op, nodes)
-    return None if fit is None else fit.time_us(op, nbytes, ranks_per_node * nodes)
+    if fit is None:
+        return None
+    alone = fit.time_us(op, nbytes, ranks_per_node * nodes)
+    return alone + fits.sync_us if alone > 0 else 0.0  # a group of one waits for no one
 
 
 @dataclass(frozen=True)
