@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,9 +40,26 @@ from autoplan.solve_messages import infeasible, min_memory, status_message, too_
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace import TracedGraph
 
-__all__ = ["Problem", "Timer", "planned_mode", "solve_mode", "structure"]
+__all__ = ["Problem", "SolveClock", "Timer", "planned_mode", "solve_mode", "structure"]
 
 Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
+
+
+class SolveClock:
+    """The user's ``time_limit_s`` over all the solves of one plan (the first and the
+    transient's re-solves): it bounds the plan, not each solve. Starts at the first read;
+    the only clock the solve stage reads."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+
+    def left(self, limit_s: float | None) -> float | None:
+        """Seconds left of ``limit_s`` (None: no limit); may be <= 0."""
+        if limit_s is None:
+            return None
+        if self._start is None:
+            self._start = time.perf_counter()
+        return limit_s - (time.perf_counter() - self._start)
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,7 @@ class Problem:
     built: dict[Hashable, tuple[IlpModel, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    clock: SolveClock = field(default_factory=SolveClock, compare=False, repr=False)
 
     @functools.cached_property
     def mode_space(self) -> tuple[Reduction, ModeChoice]:
@@ -282,11 +301,12 @@ def _solve_reduced(
         "pruned": model_ilp.stats.get("pruned", 0),
     }
     done = timed("solve")
+    left = problem.clock.left(config.time_limit_s)
     solution, split = solve_ilp(
         ilp_costs,
         model_ilp,
         solver=config.solver,
-        time_limit_s=config.time_limit_s,
+        time_limit_s=None if left is None else max(1.0, left),
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
         untie=config.untie_under_budget,

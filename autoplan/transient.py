@@ -34,8 +34,12 @@ def reserve_transient(
         return plan
     if _peak(plan) <= budget:
         return plan
-    retry, reserve = plan, 0.0
+    retry, reserve, timed_out = plan, 0.0, False
     for _ in range(rounds):
+        left = problem.clock.left(problem.config.time_limit_s)
+        if left is not None and left <= 0:
+            timed_out = True  # the user's limit bounds the plan, re-solves included
+            break
         reserve = max(reserve, retry.memory_breakdown["transient"])
         retry = solve_mode(problem, mode, base, timed, reserve=reserve)
         if retry.status == "infeasible":
@@ -52,8 +56,15 @@ def reserve_transient(
                 (
                     plan.message,
                     f"Its peak with the backward's transient, {_peak(plan) / 2**30:.4g} GiB, "
-                    f"is {over:.4g} GiB over memory_budget_gib: no plan found leaves room for "
-                    "the transient; raise the budget a little or recompute more.",
+                    f"is {over:.4g} GiB over memory_budget_gib: "
+                    + (
+                        f"plan.time_limit_s ({problem.config.time_limit_s} s) ran out before a "
+                        "re-solve leaving room for the transient; raise it, or the budget a "
+                        "little."
+                        if timed_out
+                        else "no plan found leaves room for the transient; raise the budget "
+                        "a little or recompute more."
+                    ),
                 ),
             )
         ),
