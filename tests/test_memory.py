@@ -168,42 +168,6 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
     assert reused.memory_breakdown == again.memory_breakdown
 
 
-def test_the_time_limit_bounds_the_plan_with_its_transient_re_solves(monkeypatch):
-    """plan.time_limit_s covers the first solve and the transient's re-solves together:
-    with no time left after the first, none runs, and the plan says its peak is over and
-    that the limit ran out (each solve had the whole limit, so a budgeted plan took two or
-    three times it)."""
-    from autoplan import solve_stage
-
-    free = _plan((4,))
-    budget = 0.7 * sum(free.memory_breakdown[k] for k in COUNTED) / 2**30
-    solves = []
-    solve = solve_stage.solve_ilp
-    monkeypatch.setattr(
-        solve_stage, "solve_ilp", lambda *a, **k: solves.append(1) or solve(*a, **k)
-    )
-    reads = []
-
-    def left(self, limit_s):  # the whole limit at the first solve, none after it
-        reads.append(limit_s)
-        return limit_s if len(reads) == 1 else 0.0
-
-    monkeypatch.setattr(solve_stage.SolveClock, "left", left)
-    plan = _plan((4,), memory_budget_gib=budget, activation_memory=True, time_limit_s=60.0)
-    assert len(solves) == 1 and reads == [60.0, 60.0]
-    assert "ran out before a re-solve" in plan.message and "time_limit_s (60.0 s)" in plan.message
-
-
-def test_a_solve_clock_counts_down_from_its_first_read():
-    """No limit reads None; a limit reads what is left of it, less as time passes."""
-    from autoplan.solve_stage import SolveClock
-
-    clock = SolveClock()
-    assert clock.left(None) is None
-    first = clock.left(10.0)
-    assert 9.0 < first <= 10.0 and clock.left(10.0) <= first
-
-
 def test_too_small_a_budget_with_activations_says_they_are_counted():
     plan = _plan(memory_budget_gib=1e-4, activation_memory=True)
     assert plan.status == "infeasible"
