@@ -87,6 +87,26 @@ def test_signal_during_solve_stops_solver_and_cleans_up(tmp_path, hanging_cbc, s
     assert list(tmp.iterdir()) == []
 
 
+def test_a_signal_another_thread_takes_still_stops_the_solve(tmp_path, hanging_cbc):
+    """Ctrl-C taken by a thread other than the main one (the kernel's pick in a process
+    with torch's or gloo's threads; forced here by blocking SIGINT in the main thread)
+    stops the solve at once: exit 130, the child killed. The main thread waited on the
+    child in one call, which only a signal delivered to it interrupts: the solve ran to
+    its end (60 s here)."""
+    pid_file, _ = hanging_cbc
+    thread = _signal_when_started(pid_file, signal.SIGINT)  # started unblocked: it can take it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    began = time.monotonic()
+    try:
+        ran = cli("plan", _run_file(tmp_path), "--quiet")
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    thread.join(5)
+    assert time.monotonic() - began < 30
+    assert_clear(ran, 130, "interrupted")
+    assert not _alive(int(pid_file.read_text()))
+
+
 def test_handlers_restored_after_a_command(tmp_path):
     """The CLI's signal handlers last only as long as the command."""
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)

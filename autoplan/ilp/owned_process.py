@@ -15,6 +15,7 @@ import contextlib
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 __all__ = ["run_owned"]
@@ -23,6 +24,7 @@ __all__ = ["run_owned"]
 _INTERRUPTS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
+_SLICE_S = 0.1  # the main thread wakes this often while it waits, to run a signal's handler
 
 
 @contextlib.contextmanager
@@ -69,11 +71,28 @@ def run_owned(args: list[str], wait: float | None) -> tuple[int | None, str]:
     with child:
         try:
             _deliver(held)  # the child is owned now: the finally below stops it
-            output, _ = child.communicate(timeout=wait)
-        except subprocess.TimeoutExpired:
-            return None, ""
+            output = _output(child, wait)
+            if output is None:
+                return None, ""
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()  # reaped here: on Ctrl-C, Popen's own exit waits only briefly
         return child.returncode, output
+
+
+def _output(child: subprocess.Popen[str], wait: float | None) -> str | None:
+    """``child``'s output once it exits, or None past ``wait`` s. Waits in slices: the
+    kernel may hand a process's signal to any of its threads (torch and gloo start some),
+    and one taken by another thread does not interrupt the main thread's wait; Python runs
+    the handler only when the main thread runs again."""
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        step = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
+        try:
+            output, _ = child.communicate(timeout=max(step, 0.0))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            continue
+        return output
