@@ -37,6 +37,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_handled():
+    """SIGINT raises KeyboardInterrupt in this process, as in a terminal's foreground job:
+    a shell starts a background job (`make test &`, a CI runner's) with SIGINT ignored,
+    which Python and every child then keep, and the Ctrl-C tests would test nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+
+
 @pytest.fixture
 def hanging_cbc(tmp_path, monkeypatch):
     """CBC replaced by a script that records its pid and sleeps; temporary files under tmp_path."""
