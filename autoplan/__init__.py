@@ -5,19 +5,19 @@ mesh; :class:`Plan` holds it; :class:`PlanConfig` configures planning;
 every mistake in user input raises :class:`PlanError` (a ``ValueError``);
 :func:`fake_mesh` makes a planning mesh of any size on one CPU;
 :func:`parallelize` turns a model into one that runs a plan on a real mesh, fed by
-:func:`shard_inputs`; :mod:`autoplan.checkpoint` saves and loads it under any plan;
+:func:`shard_inputs`; :mod:`autoplan.runtime.checkpoint` saves and loads it under any plan;
 :func:`calibrate` measures a job's devices and links into a :class:`Topology`.
 """
 
-from autoplan import checkpoint
-from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.calibrate import calibrate  # the function, not the package of the same name
-from autoplan.config import PlanConfig
-from autoplan.cost.topology import Device, Topology
-from autoplan.errors import PlanError
-from autoplan.mesh import fake_mesh
-from autoplan.plan import Plan
-from autoplan.planner import plan
+from autoplan.core.config import PlanConfig
+from autoplan.core.errors import PlanError
+from autoplan.core.mesh import fake_mesh
+from autoplan.core.topology import Device, Topology
+from autoplan.planner.pipeline import plan
+from autoplan.result.plan import Plan
+from autoplan.runtime import checkpoint
+from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
 
 __all__ = [
     "Device",

@@ -35,8 +35,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
 from autoplan.models.llama3 import ModelArgs, Transformer
+from autoplan.runtime.apply import parallelize, shard_inputs
 
 MESH_SHAPE, AXES, INPUT_PLACEMENT = (2, 2), ("dp", "tp"), "S(0)R"
 
@@ -109,7 +109,7 @@ def main() -> None:
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=AXES)
     plan = make_plan(mesh, args)
-    placed = sorted({autoplan.placements.fmt(p) for p in plan.param_placements.values()})
+    placed = sorted({autoplan.core.placements.fmt(p) for p in plan.param_placements.values()})
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"plan: {plan.status}, parameter placements {placed}", flush=True)
 

@@ -28,11 +28,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
-from autoplan.execute import collective_counts
-from autoplan.lower import CommCounter
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.plan import Plan
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import parallelize, shard_inputs
+from autoplan.runtime.execute import collective_counts
+from autoplan.runtime.lower import CommCounter
 
 MESH_SHAPE, AXES, INPUT_PLACEMENT = (2, 2), ("dp", "tp"), "S(0)R"
 STEPS, LR, BATCH, SEQ = 5, 0.5, 8, 16

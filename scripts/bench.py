@@ -57,8 +57,8 @@ PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "s
 
 
 def _child(config: str, mode: str, solver: str, sets: str) -> None:
-    from autoplan.run_plan import run_plan
-    from autoplan.runfile import load_run
+    from autoplan.tools.run_plan import run_plan
+    from autoplan.tools.runfile import load_run
 
     overrides = [f"plan.mm_mode={mode}", f"plan.solver={solver}"]
     overrides += [s for s in sets.split(",") if s]

@@ -47,12 +47,12 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 import autoplan
-from autoplan.apply import input_placements, parallelize, shard_inputs
-from autoplan.cost.topology import Device, Topology
+from autoplan.core.topology import Device, Topology
+from autoplan.core.user_files import write_text
 from autoplan.models.llama3 import ModelArgs, Transformer
-from autoplan.plan import Plan
-from autoplan.runfile import load_topology
-from autoplan.user_files import write_text
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import input_placements, parallelize, shard_inputs
+from autoplan.tools.runfile import load_topology
 
 WORLD = 4
 ARGS = ModelArgs(

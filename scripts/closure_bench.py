@@ -37,8 +37,8 @@ import numpy as np
 from scipy.sparse.csgraph import csgraph_from_dense, floyd_warshall
 
 import autoplan.cost.closure as closure_module
-from autoplan.cli import main as cli_main
 from autoplan.cost.closure import closure
+from autoplan.tools.cli import main as cli_main
 
 
 def collect(config: str, mm_modes: list[str]) -> list[np.ndarray]:

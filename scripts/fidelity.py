@@ -56,13 +56,13 @@ from scipy.stats import spearmanr
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
 from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import TinyMLP
-from autoplan.plan import Plan
-from autoplan.runfile import load_topology
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import parallelize, shard_inputs
+from autoplan.tools.runfile import load_topology
 
 WORLD = 4
 BATCH, SEQ = 8, 128

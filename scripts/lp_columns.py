@@ -33,13 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-import autoplan.solve_stage as solve_stage
+import autoplan.planner.solve_mode as solve_stage
 from autoplan.ilp.backends import cbc_path, read_solution, write_mps
 from autoplan.ilp.bound.incumbent import from_lp
 from autoplan.ilp.formulation.build import IlpModel
 from autoplan.ilp.formulation.matrix import Flow, Matrix
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 
 
 class _Built(Exception):

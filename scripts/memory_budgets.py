@@ -40,8 +40,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "output_gra
 
 
 def _child(config: str, overrides: list[str]) -> None:
-    from autoplan.run_plan import run_plan
-    from autoplan.runfile import load_run
+    from autoplan.tools.run_plan import run_plan
+    from autoplan.tools.runfile import load_run
 
     run = load_run(config, overrides)
     start = time.perf_counter()

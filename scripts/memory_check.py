@@ -42,11 +42,11 @@ from results_md import RESULTS, write_section  # scripts/results_md.py: beside t
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
+from autoplan.core.torch_adapter import MemTracker
+from autoplan.core.user_files import write_text
 from autoplan.models.llama3 import ModelArgs, Transformer, tiny
-from autoplan.strategies.dtensor import MemTracker
-from autoplan.trace import mean_loss
-from autoplan.user_files import write_text
+from autoplan.runtime.apply import parallelize, shard_inputs
+from autoplan.trace.capture import mean_loss
 
 WORLD = 4
 README_MODEL = ModelArgs(

@@ -2,7 +2,7 @@
 ``scripts/strided_moves.py`` and ``scripts/plan_moves.py`` (a helper, not a script).
 
 Input: the mesh (a process group of :func:`autoplan.fake_mesh`, inside ``LocalTensorMode``
-with :func:`autoplan.execute.flatten_mesh_groups` done), a :class:`RedistributeModel`,
+with :func:`autoplan.runtime.execute.flatten_mesh_groups` done), a :class:`RedistributeModel`,
 source and target placements and a small shape. Output: the collectives that ran, the
 ones priced, the tensor the move gave and the one it started from; :func:`right_values`
 says whether the move gave the shards ``distribute_tensor`` makes of that tensor.
@@ -18,10 +18,10 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from autoplan.core.placements import Placements
+from autoplan.core.torch_adapter import Partial, Replicate, redistribute
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.execute import collective_counts, move
-from autoplan.placements import Placements
-from autoplan.strategies.dtensor import Partial, Replicate, redistribute
+from autoplan.runtime.execute import collective_counts, move
 
 Counts = dict[str, int]
 

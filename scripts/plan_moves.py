@@ -3,9 +3,9 @@
 Usage: ``python scripts/plan_moves.py CONFIG [--set KEY=VALUE ...] [--plan PLAN.json] [--all]``
 
 Plans the run file (or reads a plan saved from it), prices its edges again
-(:func:`autoplan.rebuild.rebuild`) and collects every distinct move the plan makes, hop
+(:func:`autoplan.tools.rebuild.rebuild`) and collects every distinct move the plan makes, hop
 by hop along its routes, with a ``_StridedShard`` on either side (every move with
-``--all``). Each runs through :func:`autoplan.execute.move` under ``LocalTensorMode`` on
+``--all``). Each runs through :func:`autoplan.runtime.execute.move` under ``LocalTensorMode`` on
 the plan's mesh, on a tensor of the same rank and a small shape: each dim is the product
 of the mesh axes that shard it on either side, times its largest split factor, times 2.
 Printed per move: how many edges make it, the collectives that ran and those priced, and
@@ -27,14 +27,14 @@ from move_check import (  # scripts/move_check.py: a script's own folder is on s
     run_move,
 )
 
-from autoplan.execute import flatten_mesh_groups
-from autoplan.mesh import fake_mesh
-from autoplan.placements import Placements, fmt, is_strided, sharded_dim
-from autoplan.plan import Plan
-from autoplan.rebuild import rebuild
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
-from autoplan.strategies.dtensor import LocalTensorMode
+from autoplan.core.mesh import fake_mesh
+from autoplan.core.placements import Placements, fmt, is_strided, sharded_dim
+from autoplan.core.torch_adapter import LocalTensorMode
+from autoplan.result.plan import Plan
+from autoplan.runtime.execute import flatten_mesh_groups
+from autoplan.tools.rebuild import rebuild
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 
 
 def _moves(rb) -> Counter[tuple[Placements, Placements, int]]:

@@ -33,8 +33,8 @@ from lp_columns import _model  # noqa: E402
 
 from autoplan.ilp.backends import run  # noqa: E402
 from autoplan.ilp.bound.relax import relax  # noqa: E402
-from autoplan.run_plan import run_plan  # noqa: E402
-from autoplan.runfile import load_run  # noqa: E402
+from autoplan.tools.run_plan import run_plan  # noqa: E402
+from autoplan.tools.runfile import load_run  # noqa: E402
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoplan.user_files import write_text
+from autoplan.core.user_files import write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"

@@ -5,7 +5,7 @@ Usage: ``python scripts/strided_moves.py [--mesh 2x2] [--shape 8x8] [--via dtens
 Every move between placement tuples built from R, P, S(0), S(1), _S(0,1) and _S(0,2)
 with a strided placement on either side is run under ``LocalTensorMode`` (one process
 simulating every rank, with the flattened meshes ``apply`` creates), through DTensor's
-redistribute or through ``autoplan.execute.move``; each is compared with the
+redistribute or through ``autoplan.runtime.execute.move``; each is compared with the
 collectives :class:`RedistributeModel` prices and with the shards ``distribute_tensor``
 gives each rank. Prints the counts and every move that differs; moves priced impossible
 (``_strided_ok`` refuses those torch's strided path gets wrong) are not run. ``--via
@@ -27,12 +27,9 @@ from move_check import (  # scripts/move_check.py: a script's own folder is on s
 )
 
 import autoplan
-from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.topology import Topology
-from autoplan.execute import flatten_mesh_groups, move
-from autoplan.placements import fmt
-from autoplan.strategies.dtensor import (
+from autoplan.core.placements import fmt
+from autoplan.core.topology import Topology
+from autoplan.core.torch_adapter import (
     LocalTensorMode,
     Partial,
     Replicate,
@@ -40,6 +37,9 @@ from autoplan.strategies.dtensor import (
     _StridedShard,
     redistribute,
 )
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.runtime.execute import flatten_mesh_groups, move
 
 CHOICES = (
     Replicate(),

@@ -19,15 +19,15 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
-from autoplan.apply import full_gradients, input_placements, parallelize, shard_inputs
-from autoplan.errors import PlanError
-from autoplan.execute import collective_counts
-from autoplan.lower import CommCounter
+from autoplan.core.errors import PlanError
+from autoplan.core.placements import fmt, parse
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.models.mlp import TinyMLP
-from autoplan.placements import fmt, parse
-from autoplan.plan import Plan
-from autoplan.runfile import load_topology
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import full_gradients, input_placements, parallelize, shard_inputs
+from autoplan.runtime.execute import collective_counts
+from autoplan.runtime.lower import CommCounter
+from autoplan.tools.runfile import load_topology
 from tests.helpers.gloo import run_workers
 from tests.helpers.planning import SLOW_DEVICES, plan_model
 
@@ -695,10 +695,10 @@ def test_partial_and_strided_parameters_are_not_supported_yet(placement):
 def test_plan_for_another_graph_or_batch_is_a_clear_error(mlp_plans):
     """A plan whose nodes do not match the traced graph, or a batch of another global
     shape than planned, is a ValueError that says what differs (no DTensor traceback)."""
-    from autoplan.execute import PlannedGraph
-    from autoplan.planned_module import PlannedState
     from autoplan.rewrite import rewrite
-    from autoplan.trace import trace_joint
+    from autoplan.runtime.execute import PlannedGraph
+    from autoplan.runtime.planned_module import PlannedState
+    from autoplan.trace.capture import trace_joint
 
     plan = mlp_plans["ddp"][1]
     mesh = autoplan.fake_mesh((WORLD,), ("dp",))

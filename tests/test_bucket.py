@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from autoplan.bucket import bucket_collectives, bucket_fill
 from autoplan.cost.buckets import bucket_groups
+from autoplan.runtime.bucket_program import bucket_collectives, bucket_fill
 
 _C10D = torch.ops._c10d_functional
 

@@ -11,7 +11,7 @@ from autoplan.cost.price import price
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 
 
 @pytest.mark.parametrize(

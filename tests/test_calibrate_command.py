@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from autoplan.calibrate.command import parse_mesh, parse_names
 from autoplan.calibrate.settings import Settings
-from autoplan.cli import main
-from autoplan.errors import PlanError
-from autoplan.runfile import load_topology
+from autoplan.core.errors import PlanError
+from autoplan.tools.cli import main
+from autoplan.tools.runfile import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 

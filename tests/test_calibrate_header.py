@@ -6,8 +6,8 @@ from __future__ import annotations
 from autoplan.calibrate.fit_links import FitError
 from autoplan.calibrate.header import header_lines
 from autoplan.calibrate.settings import Settings
-from autoplan.cost.measured import OPS, Calibration, CollectiveFits, LinkFit
-from autoplan.cost.topology import Device, Topology
+from autoplan.core.measured import OPS, Calibration, CollectiveFits, LinkFit
+from autoplan.core.topology import Device, Topology
 
 FIT = LinkFit(latency_us=400.0, step_us=600.0, busbw_gbps=0.7)
 ERRORS = {"intra.all_reduce": FitError(0.15, 0.4, 8), "matmul_fp32": FitError(0.1, 0.3, 15)}

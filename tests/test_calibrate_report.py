@@ -6,8 +6,8 @@ from __future__ import annotations
 from autoplan.calibrate.fit_links import FitError
 from autoplan.calibrate.report import format_calibration
 from autoplan.calibrate.run import Calibrated
-from autoplan.cost.measured import CollectiveFits, LinkFit
-from autoplan.cost.topology import Device, Topology
+from autoplan.core.measured import CollectiveFits, LinkFit
+from autoplan.core.topology import Device, Topology
 
 
 def test_the_table_names_each_fit_and_its_errors():

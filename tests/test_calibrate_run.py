@@ -17,8 +17,8 @@ import autoplan
 from autoplan.calibrate.fit_device import roofline_us
 from autoplan.calibrate.run import CalibrateOptions, measure
 from autoplan.calibrate.settings import Settings
-from autoplan.cost.topology import Topology
-from autoplan.runfile import load_topology
+from autoplan.core.topology import Topology
+from autoplan.tools.runfile import load_topology
 from tests.helpers.gloo import run_workers
 
 # Sizes and repeats cut to a few seconds of measuring; the fits see latency and bandwidth.

@@ -9,11 +9,11 @@ import os
 import pytest
 
 from autoplan.calibrate.write import check_out, topology_yaml, write_topology
-from autoplan.cli import main
-from autoplan.cost.measured import Calibration, CollectiveFits, LinkFit
-from autoplan.cost.topology import Device, Topology
-from autoplan.errors import PlanError
-from autoplan.runfile import load_run, load_topology
+from autoplan.core.errors import PlanError
+from autoplan.core.measured import Calibration, CollectiveFits, LinkFit
+from autoplan.core.topology import Device, Topology
+from autoplan.tools.cli import main
+from autoplan.tools.runfile import load_run, load_topology
 
 HEADER = ["autoplan topology measured by `autoplan calibrate` on 2026-11-27T16:00:00+00:00"]
 RUN = (

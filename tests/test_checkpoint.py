@@ -5,7 +5,7 @@ in the job under a memory budget (plan A, sharded) and without one (plan B, othe
 placements). The meta model gets its weights from one full state dict broadcast from
 rank 0 (``set_model_state_dict``), trains a step of AdamW under plan A, is saved with
 ``torch.distributed.checkpoint``, and is loaded (model and AdamW state) under plan B (through
-``autoplan.checkpoint.load``) and into a plain one-device model (DCP's own calls): each must hold the same values and take the same next
+``autoplan.runtime.checkpoint.load``) and into a plain one-device model (DCP's own calls): each must hold the same values and take the same next
 step as the run that was not interrupted.
 """
 
@@ -29,8 +29,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
 from autoplan.models.llama3 import Transformer, tiny
+from autoplan.runtime.apply import parallelize, shard_inputs
 from tests.helpers.gloo import run_workers
 from tests.helpers.planning import plan_tiny_llama
 
@@ -110,7 +110,7 @@ def _job(rank: int, folder: str) -> dict:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
     out: dict = {
         "placements": [
-            {k: autoplan.placements.fmt(v) for k, v in p.param_placements.items()}
+            {k: autoplan.core.placements.fmt(v) for k, v in p.param_placements.items()}
             for p in (plan_a, plan_b)
         ]
     }
@@ -125,12 +125,12 @@ def _job(rank: int, folder: str) -> dict:
     out["step1"] = (_parallel_step(pm, opt, mesh, 1), _plain_step(ref, ref_opt, 1))
     after = _full(pm.state_dict())
 
-    # (a) resumed under plan B, through autoplan.checkpoint
+    # (a) resumed under plan B, through autoplan.runtime.checkpoint
     with torch.device("meta"):
         model_b = Transformer(tiny(2))
     pm_b = parallelize(model_b, plan_b, mesh, init_fn=Transformer.init_buffers)
     opt_b = torch.optim.AdamW(pm_b.parameters(), lr=LR)
-    autoplan.checkpoint.load(folder, pm_b, opt_b)  # the four lines of (b), checked first
+    autoplan.runtime.checkpoint.load(folder, pm_b, opt_b)  # the four lines of (b), checked first
     out["b_step1"] = _parallel_step(pm_b, opt_b, mesh, 1)
     out["b_after"] = _max_diff(_full(pm_b.state_dict()), after)
 
@@ -207,7 +207,7 @@ def _saved(tmp_path, n_layers: int = 2):
     _loss(model(tokens), labels).backward()
     opt.step()
     folder = tmp_path / "ckpt"
-    autoplan.checkpoint.save(folder, model, opt, step=7)
+    autoplan.runtime.checkpoint.save(folder, model, opt, step=7)
     return folder, model, opt
 
 
@@ -216,7 +216,7 @@ def test_checkpoint_save_and_load_give_back_weights_optimizer_and_step(tmp_path)
     folder, model, opt = _saved(tmp_path)
     again = Transformer(tiny(2))
     again_opt = torch.optim.AdamW(again.parameters(), lr=LR)
-    assert autoplan.checkpoint.load(folder, again, again_opt) == {"step": 7}
+    assert autoplan.runtime.checkpoint.load(folder, again, again_opt) == {"step": 7}
     assert _max_diff(again.state_dict(), model.state_dict()) == 0.0
     assert (
         _max_diff(
@@ -243,15 +243,21 @@ def test_a_checkpoint_of_another_model_is_refused_by_name(tmp_path, other, messa
     folder, *_ = _saved(tmp_path)
     model = other()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(autoplan.checkpoint.CheckpointMismatch, match=message):
-        autoplan.checkpoint.load(folder, model)
+    with pytest.raises(autoplan.runtime.checkpoint.CheckpointMismatch, match=message):
+        autoplan.runtime.checkpoint.load(folder, model)
     assert _max_diff(model.state_dict(), before) == 0.0  # nothing loaded
 
 
 def test_a_missing_checkpoint_or_optimizer_state_is_named(tmp_path):
-    with pytest.raises(autoplan.checkpoint.CheckpointMismatch, match=r"no checkpoint there"):
-        autoplan.checkpoint.load(tmp_path / "nowhere", Transformer(tiny(2)))
+    with pytest.raises(
+        autoplan.runtime.checkpoint.CheckpointMismatch, match=r"no checkpoint there"
+    ):
+        autoplan.runtime.checkpoint.load(tmp_path / "nowhere", Transformer(tiny(2)))
     model = Transformer(tiny(2))
-    autoplan.checkpoint.save(tmp_path / "weights", model)
-    with pytest.raises(autoplan.checkpoint.CheckpointMismatch, match=r"holds no optimizer state"):
-        autoplan.checkpoint.load(tmp_path / "weights", model, torch.optim.AdamW(model.parameters()))
+    autoplan.runtime.checkpoint.save(tmp_path / "weights", model)
+    with pytest.raises(
+        autoplan.runtime.checkpoint.CheckpointMismatch, match=r"holds no optimizer state"
+    ):
+        autoplan.runtime.checkpoint.load(
+            tmp_path / "weights", model, torch.optim.AdamW(model.parameters())
+        )

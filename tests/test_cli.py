@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from autoplan.cli import main
-from autoplan.placements import fmt
-from autoplan.plan import Plan
+from autoplan.core.placements import fmt
+from autoplan.result.plan import Plan
+from autoplan.tools.cli import main
 from tests.helpers.runs import GOOD_RUN
 
 

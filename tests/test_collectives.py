@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from autoplan.core.topology import Topology
 from autoplan.cost.collectives import (
     OPS,
     CollectiveModel,
@@ -12,7 +13,6 @@ from autoplan.cost.collectives import (
     collective_table,
     collective_time_us,
 )
-from autoplan.cost.topology import Topology
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 H100 = Topology.preset("h100")

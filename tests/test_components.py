@@ -6,7 +6,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from autoplan.components import components
+from autoplan.core.components import components
 
 
 def test_names_follow_item_order_and_pair_ends_join():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import autoplan
-from autoplan.placements import fmt
+from autoplan.core.placements import fmt
 from tests.helpers.planning import plan_tiny_llama
 
 WQ0, WQ1 = "layers.0.attention.wq.weight", "layers.1.attention.wq.weight"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoplan.cli import main
+from autoplan.tools.cli import main
 from tests.helpers.runs import GOOD_RUN
 
 NO_BUDGET = GOOD_RUN.replace(", memory_budget_gib: 0.001", "")

@@ -1,9 +1,9 @@
 """Bad input to the Python API: each raises a PlanError naming the thing and the fix.
 
 The mistakes a user makes calling ``autoplan.plan``: arguments of the wrong kind
-(:mod:`autoplan.api_checks`), inputs the forward cannot take, outputs with no backward
-and data-dependent ops (:mod:`autoplan.forward_checks`), and ``PlanConfig`` values
-(:mod:`autoplan.config`). Next to them, the forms that look alike and are accepted.
+(:mod:`autoplan.planner.api_checks`), inputs the forward cannot take, outputs with no backward
+and data-dependent ops (:mod:`autoplan.trace.forward_checks`), and ``PlanConfig`` values
+(:mod:`autoplan.core.config`). Next to them, the forms that look alike and are accepted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 import autoplan
-from autoplan.trace import mean_loss
+from autoplan.trace.capture import mean_loss
 from tests.helpers.bad_input import assert_plan_error
 
 DIM = 8

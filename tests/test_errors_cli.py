@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import autoplan.run_plan
+import autoplan.tools.run_plan
 from tests.helpers.bad_input import assert_clear, cli
 from tests.helpers.runs import TINY_RUN
 
@@ -91,7 +91,9 @@ def test_bad_command_line_exits_2(tmp_path, run_file, argv, words):
 
 def test_out_is_checked_before_solving(tmp_path, run_file, monkeypatch):
     """A bad --out is refused before planning starts: the planner is never called."""
-    monkeypatch.setattr(autoplan.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway"))
+    monkeypatch.setattr(
+        autoplan.tools.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway")
+    )
     assert_clear(cli("plan", run_file, "--out", str(tmp_path / "no" / "p.json")), 2, "mkdir")
 
 
@@ -118,7 +120,7 @@ def test_internal_error_is_exit_3_with_one_line(run_file, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(autoplan.run_plan, "plan", broken)
+    monkeypatch.setattr(autoplan.tools.run_plan, "plan", broken)
     ran = cli("plan", run_file, "--quiet")
     assert_clear(ran, 3, "internal error: RuntimeError: boom", "--debug")
     assert "second line" not in ran.err
@@ -159,7 +161,9 @@ OVERWRITES = [
 def test_out_never_overwrites_an_input(inputs, monkeypatch, command, config, out, victim):
     """--out naming the run file (any spelling, a symlink) or its topology file is refused
     before planning, naming both paths and the fix; the input is left byte for byte."""
-    monkeypatch.setattr(autoplan.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway"))
+    monkeypatch.setattr(
+        autoplan.tools.run_plan, "plan", lambda *a, **k: pytest.fail("planned anyway")
+    )
     monkeypatch.chdir(inputs)
     before = {p.name: p.read_bytes() for p in inputs.iterdir() if p.is_file()}
     out = out.replace("{tmp}", str(inputs))

@@ -175,7 +175,15 @@ def test_real_process_interrupted_while_planning(tmp_path, signum, code):
     path = _run_file(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "autoplan.cli", "plan", path, "--set", "model.args.n_layers=8"],
+        [
+            sys.executable,
+            "-m",
+            "autoplan.tools.cli",
+            "plan",
+            path,
+            "--set",
+            "model.args.n_layers=8",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -205,11 +213,13 @@ def test_no_cbc_anywhere_is_bad_input_before_planning(tmp_path, monkeypatch):
     highs, before any tracing."""
     from pulp.apis import coin_api
 
-    import autoplan.prepare
+    import autoplan.planner.prepare
 
     monkeypatch.setattr(coin_api, "pulp_cbc_path", str(tmp_path / "no-cbc"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(autoplan.prepare, "trace_joint", lambda *a, **k: pytest.fail("traced"))
+    monkeypatch.setattr(
+        autoplan.planner.prepare, "trace_joint", lambda *a, **k: pytest.fail("traced")
+    )
     ran = cli("plan", _run_file(tmp_path), "--quiet")
     assert_clear(ran, 2, "solver 'cbc' needs a CBC binary", "pulp[cbc]", "solver: highs")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.runfile import load_run
+from autoplan.tools.runfile import load_run
 from tests.helpers.bad_input import assert_clear, assert_plan_error, cli
 from tests.helpers.runs import TINY_RUN
 
@@ -126,7 +126,7 @@ def test_bad_run_file_is_refused_by_validate_and_plan(tmp_path, text, words):
 
 
 def _check(path: Path) -> None:
-    from autoplan.run_checks import check_run
+    from autoplan.tools.run_checks import check_run
 
     check_run(load_run(path))
 

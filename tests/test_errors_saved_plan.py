@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from torch import nn
 
-from autoplan.apply import parallelize
-from autoplan.mesh import fake_mesh
-from autoplan.placements import parse
-from autoplan.plan import Plan
-from autoplan.runfile import load_run
+from autoplan.core.mesh import fake_mesh
+from autoplan.core.placements import parse
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import parallelize
+from autoplan.tools.runfile import load_run
 from tests.helpers.bad_input import assert_clear, assert_plan_error, cli
 from tests.helpers.runs import TINY_RUN
 

@@ -1,5 +1,5 @@
 """Jobs end cleanly: a torchrun job's processes exit 0, never aborting at the interpreter's
-teardown ("terminate called without an active exception", autoplan.release), and nothing
+teardown ("terminate called without an active exception", autoplan.runtime.release), and nothing
 in tests, scripts or examples hides such an abort behind ``os._exit``."""
 
 from __future__ import annotations

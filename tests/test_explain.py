@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.chart import KINDS, cost_by_kind, node_kinds, param_kind
-from autoplan.cli import main
-from autoplan.compare import write_compare
-from autoplan.explain import explain, format_explain
-from autoplan.placements import fmt
-from autoplan.plan import Plan
-from autoplan.rebuild import PlanMismatchError, rebuild
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
-from autoplan.trace import trace_joint
+from autoplan.core.placements import fmt
+from autoplan.result.plan import Plan
+from autoplan.tools.chart import KINDS, cost_by_kind, node_kinds, param_kind
+from autoplan.tools.cli import main
+from autoplan.tools.compare import write_compare
+from autoplan.tools.explain import explain, format_explain
+from autoplan.tools.rebuild import PlanMismatchError, rebuild
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
+from autoplan.trace.capture import trace_joint
 
 MLP = """
 model: {name: mlp, args: {dim: 64, hidden: 256, n_layers: 2}}

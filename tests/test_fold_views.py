@@ -14,7 +14,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.fold_views import fold_views
+from autoplan.runtime.fold_views import fold_views
 
 aten = torch.ops.aten
 

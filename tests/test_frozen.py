@@ -19,13 +19,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
+from autoplan.core.placements import fmt
 from autoplan.cost.price import GRAD_SLOT, price
-from autoplan.placements import fmt
-from autoplan.plan import Plan
+from autoplan.result.plan import Plan
 from autoplan.rewrite import rewrite
+from autoplan.runtime.apply import parallelize, shard_inputs
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 from tests.helpers.gloo import run_workers
 from tests.helpers.planning import plan_model
 
@@ -237,11 +237,11 @@ def _checkpoint_case(
 ) -> dict:
     """Save the trained model and optimizer, load them into another parallelized model,
     and take one more step on each: the same loss, the same weights."""
-    autoplan.checkpoint.save(ckpt, pmodel, opt, step=STEPS)
+    autoplan.runtime.checkpoint.save(ckpt, pmodel, opt, step=STEPS)
     torch.manual_seed(2)
     other = parallelize(MODELS[kind][0](), plan, mesh)
     other_opt = torch.optim.AdamW([p for p in other.parameters() if p.requires_grad], lr=LR)
-    extra = autoplan.checkpoint.load(ckpt, other, other_opt)
+    extra = autoplan.runtime.checkpoint.load(ckpt, other, other_opt)
     feed = _feed(plan, mesh)
     losses = []
     for m, o in ((pmodel, opt), (other, other_opt)):

@@ -15,14 +15,14 @@ from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import autoplan
-from autoplan.apply import full_gradients, parallelize, shard_inputs
-from autoplan.cli import main
+from autoplan.core.placements import fmt
 from autoplan.models import hf
-from autoplan.placements import fmt
-from autoplan.plan import Plan
-from autoplan.run_plan import run_plan
-from autoplan.runfile import Run, RunFileError, load_run
-from autoplan.trace import trace_joint
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
+from autoplan.tools.cli import main
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import Run, RunFileError, load_run
+from autoplan.trace.capture import trace_joint
 from tests.helpers.gloo import run_workers
 from tests.helpers.isolated import run_isolated
 

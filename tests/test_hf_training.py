@@ -20,9 +20,9 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
-from autoplan.apply import full_gradients, parallelize, shard_inputs
+from autoplan.core.placements import fmt
 from autoplan.models import hf
-from autoplan.placements import fmt
+from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
 from tests.helpers.gloo import gil_waiters, run_workers
 
 pytest.importorskip("transformers")

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from autoplan.core.torch_adapter import Replicate, Shard
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.formulation.problem import InfeasibleError
 from autoplan.ilp.reductions.followers import collapse_followers
 from autoplan.ilp.solver.solve import solve
-from autoplan.recompute import priced_recompute
-from autoplan.strategies.dtensor import Replicate, Shard
+from autoplan.memory.recompute import priced_recompute
 from autoplan.strategies.table import (
     InputRef,
     NodeStrategies,

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import autoplan
-from autoplan.apply import input_placements
-from autoplan.inputs import call_form, flatten_inputs, match_call
-from autoplan.plan import Plan
-from autoplan.trace import trace_joint
+from autoplan.core.inputs import call_form, flatten_inputs, match_call
+from autoplan.result.plan import Plan
+from autoplan.runtime.apply import input_placements
+from autoplan.trace.capture import trace_joint
 from tests.helpers.planning import plan_model
 
 VOCAB, DIM, BATCH, SEQ = 64, 32, 8, 16
@@ -79,7 +79,7 @@ def test_a_dict_input_plans_with_its_keys_and_the_loss_replicated():
     assert plan.status == "optimal"
     assert plan.input_keys == ("input_ids", "labels")
     assert plan.input_shapes == ((BATCH, SEQ), (BATCH, SEQ))
-    assert [autoplan.placements.fmt(p) for p in input_placements(plan)] == ["S(0)R"] * 2
+    assert [autoplan.core.placements.fmt(p) for p in input_placements(plan)] == ["S(0)R"] * 2
     loss_node = next(n for n, e in plan.node_placements.items() if e["op"].startswith("aten.nll"))
     assert plan.node_placements[loss_node]["out"][0] == "RR"
     again = Plan.from_json(plan.to_json())
@@ -89,7 +89,7 @@ def test_a_dict_input_plans_with_its_keys_and_the_loss_replicated():
 def test_input_placements_by_key_fix_only_the_keys_given():
     mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
     plan = plan_model(TinyLM, _batch, mesh, input_placements={"labels": "S(0)R"})
-    assert autoplan.placements.fmt(input_placements(plan)[1]) == "S(0)R"
+    assert autoplan.core.placements.fmt(input_placements(plan)[1]) == "S(0)R"
     with pytest.raises(ValueError, match=r"names input 'mask', which input_fn does not return"):
         plan_model(TinyLM, _batch, mesh, input_placements={"mask": "S(0)R"})
 
@@ -123,7 +123,7 @@ def test_integer_and_float_keyword_inputs_plan_in_mixed_precision():
         config=autoplan.PlanConfig(param_dtype="bfloat16"),
     )
     assert plan.status == "optimal" and plan.input_keys == ("input_ids", "weights")
-    assert [autoplan.placements.fmt(p) for p in input_placements(plan)] == ["S(0)", "S(0)"]
+    assert [autoplan.core.placements.fmt(p) for p in input_placements(plan)] == ["S(0)", "S(0)"]
     traced = trace_joint(model, batch, param_dtype=torch.bfloat16)
     ids, weights = (traced.node(n) for n in traced.inputs)
     cast = [u for u in weights.users if u.target is torch.ops.aten._to_copy.default]

@@ -1,5 +1,5 @@
 """activation_checkpointing="auto": each layer's mode as part of its strategies
-(autoplan.layer_modes), priced exactly, chosen per layer by the ILP."""
+(autoplan.memory.layer_modes), priced exactly, chosen per layer by the ILP."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.config import CHECKPOINT_MODES
-from autoplan.constraints import allowed_strategies
+from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.cost.price import price
 from autoplan.ilp.bound.incumbent import footprint, priced
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.reductions.followers import collapse_followers
 from autoplan.ilp.solver.solve import solve
-from autoplan.layer_modes import layer_modes, mode_boundary
+from autoplan.memory.layer_modes import layer_modes, mode_boundary
+from autoplan.memory.recompute import checkpointed, layer_names, recompute_set
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.recompute import checkpointed, layer_names, recompute_set
 from autoplan.rewrite import rewrite
+from autoplan.strategies.constraints import allowed_strategies
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 from tests.helpers.planning import plan_tiny_llama
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.plan import param_kind
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
-from autoplan.strategies.dtensor import Replicate
+from autoplan.core.torch_adapter import Replicate
+from autoplan.result.plan import param_kind
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 
 BIG = ("tok_embeddings", "output", "attention.wq", "attention.wo", "feed_forward.w1",
        "feed_forward.w2", "feed_forward.w3")  # fmt: skip
@@ -32,7 +32,7 @@ def test_8b_einsum_mode_leaves_no_linear_mm():
 
     from autoplan.models.llama3 import Transformer, llama3_8b
     from autoplan.rewrite import rewrite
-    from autoplan.trace import trace_joint
+    from autoplan.trace.capture import trace_joint
 
     with torch.device("meta"):
         model = Transformer(llama3_8b(2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from autoplan.lower import defer_waits
+from autoplan.runtime.lower import defer_waits
 
 _C10D = torch.ops._c10d_functional
 

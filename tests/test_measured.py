@@ -1,16 +1,16 @@
 """A calibrated topology: its collective fits price collectives, and its file reads back,
-refused by name when corrupt or of another format (autoplan.cost.measured)."""
+refused by name when corrupt or of another format (autoplan.core.measured)."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
+from autoplan.core.errors import PlanError
+from autoplan.core.measured import FORMAT, Calibration, CollectiveFits, LinkFit
+from autoplan.core.topology import Device, Topology
 from autoplan.cost.collectives import CollectiveModel, algorithm_choice, collective_time_us
-from autoplan.cost.measured import FORMAT, Calibration, CollectiveFits, LinkFit
-from autoplan.cost.topology import Device, Topology
-from autoplan.errors import PlanError
-from autoplan.runfile import load_run
+from autoplan.tools.runfile import load_run
 
 FIT = LinkFit(latency_us=100.0, step_us=20.0, busbw_gbps=2.0)
 

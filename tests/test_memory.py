@@ -16,23 +16,23 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.apply import parallelize, shard_inputs
-from autoplan.compare import compare, format_compare
-from autoplan.cost.activations import cotangent_memory, saved_storage
-from autoplan.explain import explain, format_explain
-from autoplan.graph import RECOMPUTES, layer_of
+from autoplan.core.graph import RECOMPUTES, layer_of
+from autoplan.core.torch_adapter import MemTracker
+from autoplan.memory.activations import cotangent_memory, saved_storage
+from autoplan.memory.recompute import layer_names, recompute_set, with_recompute
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.planner import _plan_fields
-from autoplan.prepare import prepare
-from autoplan.rebuild import rebuild
-from autoplan.recompute import layer_names, recompute_set, with_recompute
+from autoplan.planner.pipeline import _plan_fields
+from autoplan.planner.prepare import prepare
+from autoplan.planner.solve_mode import solve_mode
 from autoplan.rewrite import rewrite
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
-from autoplan.solve_stage import solve_mode
-from autoplan.strategies.dtensor import MemTracker
+from autoplan.runtime.apply import parallelize, shard_inputs
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.tools.compare import compare, format_compare
+from autoplan.tools.explain import explain, format_explain
+from autoplan.tools.rebuild import rebuild
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
+from autoplan.trace.capture import trace_joint
 from tests.helpers.planning import plan_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,8 +150,8 @@ def test_a_budget_counting_activations_shards_them_and_is_met():
 def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
     """Solved again with room for the transient, a plan reuses the ILP its first solve
     built (only the memory row's bound moves) and equals the plan of an ILP built anew."""
-    from autoplan import solve_stage
     from autoplan.ilp.formulation.build import IlpModel
+    from autoplan.planner import solve_mode as solve_stage
 
     free = _plan((4,))
     budget = 0.7 * sum(free.memory_breakdown[k] for k in COUNTED) / 2**30

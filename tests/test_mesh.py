@@ -1,4 +1,4 @@
-"""autoplan.mesh.fake_mesh: a planning mesh of any size, and never at the cost of a process
+"""autoplan.core.mesh.fake_mesh: a planning mesh of any size, and never at the cost of a process
 group autoplan did not create."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from autoplan.placements import REDUCE_OPS, fmt, is_even, local_shape, parse
-from autoplan.strategies.dtensor import (
+from autoplan.core.placements import REDUCE_OPS, fmt, is_even, local_shape, parse
+from autoplan.core.torch_adapter import (
     Partial,
     Replicate,
     Shard,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import Plan
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
+from autoplan.result.plan import Plan
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 from tests.helpers.bad_input import cli
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

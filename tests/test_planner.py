@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.placements import fmt
-from autoplan.plan import PHASES
-from autoplan.strategies.dtensor import Replicate, Shard
+from autoplan.core.placements import fmt
+from autoplan.core.torch_adapter import Replicate, Shard
+from autoplan.result.plan import PHASES
 from tests.helpers.planning import SLOW_DEVICES, plan_mlp
 
 

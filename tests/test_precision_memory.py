@@ -8,7 +8,7 @@ import torch
 import autoplan
 from autoplan.cost.price import GRAD_SLOT, price
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 from tests.helpers.planning import plan_mlp
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan import prepare as prepare_module
-from autoplan import solve_stage
-from autoplan.cli import main
-from autoplan.compare import compare
-from autoplan.rebuild import rebuild
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
+from autoplan.planner import prepare as prepare_module
+from autoplan.planner import solve_mode as solve_stage
+from autoplan.tools.cli import main
+from autoplan.tools.compare import compare
+from autoplan.tools.rebuild import rebuild
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 from tests.helpers.runs import TINY_RUN
 
 # Four layers, so that layers are tied; a pin on layer 1's wq keeps it out of tying.

@@ -18,17 +18,17 @@ import pytest
 import torch
 
 import autoplan
+from autoplan.core.placements import fmt, plain, shard_degrees, sharded_dim
+from autoplan.core.topology import Topology, group_span
+from autoplan.core.torch_adapter import Partial, Replicate, Shard, _StridedShard
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.price import price
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.topology import Topology, group_span
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.placements import fmt, plain, shard_degrees, sharded_dim
 from autoplan.rewrite import rewrite
-from autoplan.strategies.dtensor import Partial, Replicate, Shard, _StridedShard
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 
 
 def _step(src, dst):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import autoplan
-from autoplan.constraints import allowed_strategies
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.formulation.problem import lower, simplify
@@ -20,8 +19,9 @@ from autoplan.ilp.solver.solve import solve
 from autoplan.ilp.solver.stage import solve_ilp
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
+from autoplan.strategies.constraints import allowed_strategies
 from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 from tests.helpers.brute_force import brute_force, combos, footprint
 from tests.helpers.ilp_problems import SEEDS, random_costs
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.cli import _parser, main
+from autoplan.tools.cli import _parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

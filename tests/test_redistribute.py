@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from autoplan.core.topology import Topology
+from autoplan.core.torch_adapter import Partial, Replicate, Shard
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.topology import Topology
-from autoplan.strategies.dtensor import Partial, Replicate, Shard
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 SHAPE = (1024, 4096)

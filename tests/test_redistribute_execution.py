@@ -21,12 +21,9 @@ from torch.distributed.tensor import distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
-from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.topology import Topology
-from autoplan.execute import collective_counts, flatten_mesh_groups, move
-from autoplan.placements import fmt, parse
-from autoplan.strategies.dtensor import (
+from autoplan.core.placements import fmt, parse
+from autoplan.core.topology import Topology
+from autoplan.core.torch_adapter import (
     LocalTensorMode,
     Partial,
     Replicate,
@@ -34,6 +31,9 @@ from autoplan.strategies.dtensor import (
     _StridedShard,
     redistribute,
 )
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.runtime.execute import collective_counts, flatten_mesh_groups, move
 from tests.helpers.execution import placed
 
 CHOICES = (Replicate(), Partial(), Shard(0), Shard(1))
@@ -120,7 +120,7 @@ def test_split_factor_one_moves_as_shard_and_relabels_for_free():
 def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
     """A planned placement in string form (P(avg), made only by its op) is accepted as is
     when the value carries it, and refused with the node's name when it does not."""
-    from autoplan.execute import PlannedGraph
+    from autoplan.runtime.execute import PlannedGraph
 
     mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
     graph = PlannedGraph.__new__(PlannedGraph)
@@ -136,7 +136,7 @@ def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
 def test_a_route_through_a_mean_partial_runs_from_the_plan_text():
     """The 8B plan's route P(avg)P(avg) -> P(avg)S(1) -> S(0)S(1), read from its text, runs
     hop by hop to the full tensor's shards (the P(avg) the node holds stays a string)."""
-    from autoplan.execute import PlannedGraph, _parse_entry
+    from autoplan.runtime.execute import PlannedGraph, _parse_entry
 
     mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
     graph = PlannedGraph.__new__(PlannedGraph)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import fx
 
-from autoplan import release
-from autoplan.release import Keeper, hold_collectives
+from autoplan.runtime import release
+from autoplan.runtime.release import Keeper, hold_collectives
 
 _C10D = torch.ops._c10d_functional
 

@@ -15,6 +15,9 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
+from autoplan.core.placements import Placements, fmt, parse
+from autoplan.core.topology import Topology
+from autoplan.core.torch_adapter import LocalTensorMode, Partial, Replicate, redistribute
 from autoplan.cost import routes as routes_module
 from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
@@ -22,11 +25,8 @@ from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.routes import Network, Router, canonical
-from autoplan.cost.topology import Topology
-from autoplan.execute import collective_counts, flatten_mesh_groups
-from autoplan.placements import Placements, fmt, parse
-from autoplan.runfile import load_topology
-from autoplan.strategies.dtensor import LocalTensorMode, Partial, Replicate, redistribute
+from autoplan.runtime.execute import collective_counts, flatten_mesh_groups
+from autoplan.tools.runfile import load_topology
 from tests.helpers.execution import placed
 
 
@@ -240,8 +240,8 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
     """MLP on (tp across two nodes, cp inside one): the routed plan is cheaper than DTensor's
     one-move plan, and its routes survive the JSON round trip."""
     from autoplan.models.mlp import TinyMLP
-    from autoplan.plan import Plan
-    from autoplan.trace import mean_loss
+    from autoplan.result.plan import Plan
+    from autoplan.trace.capture import mean_loss
 
     topology = dataclasses.replace(load_topology("h100"), gpus_per_node=2)
     with torch.device("meta"):

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from autoplan.runfile import RunFileError, load_run
+from autoplan.tools.runfile import RunFileError, load_run
 from tests.helpers.runs import GOOD_RUN
 
 

@@ -17,7 +17,7 @@ from autoplan.models.mlp import TinyMLP
 from tests.helpers.isolated import ROOT, run_isolated
 from tests.helpers.planning import plan_mlp
 
-ADAPTER = Path("autoplan/strategies/dtensor.py")
+ADAPTER = Path("autoplan/core/torch_adapter.py")
 
 # What an import could register: torch's FLOP formulas, transformers' attention
 # implementations and mask functions, a process group.

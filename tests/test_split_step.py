@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.split_step import (
+from autoplan.runtime.split_step import (
     collective_ops,
     forward_only,
     placeholders,

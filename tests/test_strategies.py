@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 import autoplan
+from autoplan.core.placements import fmt
 from autoplan.models.llama3 import Transformer, tiny
-from autoplan.placements import fmt
 from autoplan.rewrite import rewrite
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.ops import has_strided
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_every_op_with_a_rule_can_run_fully_replicated(mode):
 
 def test_strategies_shard_evenly_only(llama_traced):
     """Every offered placement divides its tensor evenly over the mesh."""
-    from autoplan.placements import is_even
+    from autoplan.core.placements import is_even
 
     table = _table(llama_traced, "einsum")
     for n in table.nodes.values():
@@ -127,7 +127,7 @@ def test_strided_variants_appear_exactly_when_an_input_carries_one(llama_traced)
 
 
 def has_strided_placement(placements) -> bool:
-    from autoplan.strategies.dtensor import _StridedShard
+    from autoplan.core.torch_adapter import _StridedShard
 
     return placements is not None and any(isinstance(p, _StridedShard) for p in placements)
 
@@ -135,7 +135,7 @@ def has_strided_placement(placements) -> bool:
 def test_split_factor_one_is_offered_by_views_but_never_expanded_on_mm():
     """Batch 2 on 2x2: flattening a batch sharded to one row per rank makes _S(0,1), which
     is S(0); the mm rules are not filled with it, so no strategy is listed twice."""
-    from autoplan.placements import is_strided, plain
+    from autoplan.core.placements import is_strided, plain
 
     with torch.device("meta"):
         model = Transformer(tiny(1))

@@ -23,11 +23,11 @@ from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import autoplan
-from autoplan.graph import tensor_args
-from autoplan.placements import Placements, fmt, local_shape
+from autoplan.core.graph import tensor_args
+from autoplan.core.placements import Placements, fmt, local_shape
 from autoplan.rewrite import rewrite
 from autoplan.strategies.table import Strategy
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 
 MESH_SHAPE = (2, 2)
 WORLD = 4

@@ -1,4 +1,4 @@
-"""Tests for autoplan.cost.topology: presets, validation, strict YAML loading, group_span."""
+"""Tests for autoplan.core.topology: presets, validation, strict YAML loading, group_span."""
 
 import math
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoplan.cost.topology import Device, Topology, group_span
+from autoplan.core.topology import Device, Topology, group_span
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "topology"
 

@@ -10,9 +10,9 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from autoplan.core.torch_adapter import force_eager_graph_module
 from autoplan.models.llama3 import Transformer, llama3_8b, tiny
-from autoplan.strategies.dtensor import force_eager_graph_module
-from autoplan.trace import trace_joint
+from autoplan.trace.capture import trace_joint
 
 
 def test_trace_tiny_llama_has_every_gradient_with_its_shape():

@@ -1,12 +1,12 @@
 """The transient's re-solve and the time it may take: a budget counting activations
 leaves room for the backward's transient peak, within the user's time limit
-(autoplan.transient, autoplan.solve_stage.SolveClock)."""
+(autoplan.planner.transient, autoplan.planner.solve_mode.SolveClock)."""
 
 from __future__ import annotations
 
 import autoplan
-from autoplan import solve_stage
-from autoplan.solve_stage import SolveClock
+from autoplan.planner import solve_mode as solve_stage
+from autoplan.planner.solve_mode import SolveClock
 from tests.helpers.planning import plan_tiny_llama
 
 COUNTED = ("parameters", "gradients", "optimizer", "activations", "output_grad")

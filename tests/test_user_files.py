@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from autoplan import user_files
-from autoplan.chart import KINDS
-from autoplan.compare import write_compare
-from autoplan.errors import PlanError
-from autoplan.plan import Plan
+from autoplan.core import user_files
+from autoplan.core.errors import PlanError
+from autoplan.result.plan import Plan
+from autoplan.tools.chart import KINDS
+from autoplan.tools.compare import write_compare
 
 OLD = "the previous file\n"
 

@@ -1,7 +1,7 @@
 """``autoplan calibrate``: the job's own devices and links, measured into a topology.
 
 Pipeline position: beside the planner; its output, a topology YAML (or a
-:class:`~autoplan.cost.topology.Topology`), is the cost model's input. Read in order:
+:class:`~autoplan.core.topology.Topology`), is the cost model's input. Read in order:
 
 - :mod:`~autoplan.calibrate.settings`: what is measured (sizes, shapes, repeats);
 - :mod:`~autoplan.calibrate.groups`: the process groups (each axis, runs of axes);

@@ -6,7 +6,7 @@ Input: this rank's groups, the :class:`~autoplan.calibrate.settings.Settings`, a
 Output: a :class:`CollectiveSample` per (op, group, size): the slowest rank's median
 time, with the message size in nccl-tests' convention (all_gather and reduce_scatter:
 the whole gathered buffer; all_reduce: the buffer; all_to_all: one rank's send buffer),
-the convention :class:`autoplan.cost.measured.LinkFit` prices.
+the convention :class:`autoplan.core.measured.LinkFit` prices.
 Why these ops: they are what a lowered plan runs (``_c10d_functional`` all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, then wait_tensor),
 called here the same way, on float32 buffers (gloo's and a CPU plan's dtype).
@@ -22,7 +22,7 @@ import torch
 from autoplan.calibrate.groups import MeasuredGroup
 from autoplan.calibrate.settings import Settings
 from autoplan.calibrate.timing import Clock
-from autoplan.cost.measured import OPS
+from autoplan.core.measured import OPS
 
 __all__ = ["CollectiveSample", "measure_collectives"]
 
@@ -57,7 +57,7 @@ def measure_collectives(
     clock: Clock,
     progress: Callable[[str], None] | None = None,
 ) -> list[CollectiveSample]:
-    """Every op of :data:`autoplan.cost.measured.OPS` on every group at every size."""
+    """Every op of :data:`autoplan.core.measured.OPS` on every group at every size."""
     samples: list[CollectiveSample] = []
     for g in groups:
         if progress is not None:

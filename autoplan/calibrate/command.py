@@ -7,7 +7,7 @@ Stage: the command line around :func:`autoplan.calibrate.run.measure`.
 Input: the command's options and torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, the rendezvous address).
 Output: the topology file (written by rank 0), progress on stderr and the table of fits
-on stdout from rank 0; a :class:`~autoplan.errors.PlanError` naming the option, its
+on stdout from rank 0; a :class:`~autoplan.core.errors.PlanError` naming the option, its
 value and the fix, before any process group is made, for a job it cannot measure.
 Why its own module: it owns the process group it creates (gloo for ``cpu``, nccl for
 ``cuda``) and destroys it, whatever happens.
@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from autoplan.calibrate.report import format_calibration
 from autoplan.calibrate.run import measure
 from autoplan.calibrate.write import check_out
-from autoplan.errors import PlanError
-from autoplan.progress import PhaseProgress
+from autoplan.core.errors import PlanError
+from autoplan.core.progress import PhaseProgress
 
 __all__ = ["parse_mesh", "parse_names", "run_command"]
 

@@ -2,7 +2,7 @@
 
 Stage: fitting, after :mod:`autoplan.calibrate.compute`.
 Input: :class:`~autoplan.calibrate.compute.ComputeSample` s, the device's name and memory.
-Output: a :class:`autoplan.cost.topology.Device` of measured figures (efficiencies 1:
+Output: a :class:`autoplan.core.topology.Device` of measured figures (efficiencies 1:
 the peaks are the ones reached) and, per kind (``overhead``, ``pointwise``,
 ``reduction``, ``matmul_fp32``, ``matmul_bf16``), the :class:`FitError` of the compute
 model's roofline with that device on the samples.
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from autoplan.calibrate.compute import ComputeSample
 from autoplan.calibrate.fit_links import FitError, relative_errors, round_sig
-from autoplan.cost.topology import Device
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
+from autoplan.core.topology import Device
 
 __all__ = ["fit_device", "roofline_us"]
 

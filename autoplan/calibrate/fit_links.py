@@ -2,7 +2,7 @@
 
 Stage: fitting, after :mod:`autoplan.calibrate.comm`.
 Input: :class:`~autoplan.calibrate.comm.CollectiveSample` s.
-Output: :class:`autoplan.cost.measured.CollectiveFits` (figures rounded to 4 significant
+Output: :class:`autoplan.core.measured.CollectiveFits` (figures rounded to 4 significant
 digits, as the topology file holds them) and, per kind (``intra.all_reduce``), the fit's
 :class:`FitError` on the samples it was fitted to.
 Why this fit: the model is linear in its parameters, ``t = latency + step x (n - 1) +
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.calibrate.comm import CollectiveSample
-from autoplan.cost.measured import LINKS, OPS, CollectiveFits, LinkFit, bus_factor
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
+from autoplan.core.measured import LINKS, OPS, CollectiveFits, LinkFit, bus_factor
 
 __all__ = ["FitError", "fit_collectives", "fit_link", "relative_errors", "round_sig"]
 

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from autoplan.cost.topology import group_span
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
+from autoplan.core.topology import group_span
 
 __all__ = ["MeasuredGroup", "axis_runs", "group_ranks", "measured_axes", "mesh_groups"]
 

@@ -2,7 +2,7 @@
 
 Stage: the step of :func:`autoplan.calibrate.run.measure` before writing
 (:mod:`autoplan.calibrate.write`).
-Input: the calibrated :class:`~autoplan.cost.topology.Topology`, the
+Input: the calibrated :class:`~autoplan.core.topology.Topology`, the
 :class:`~autoplan.calibrate.settings.Settings` measured with, each fit's error, the job's
 rank count and the output path.
 Output: the header's lines, without the ``#``.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from autoplan.calibrate.fit_links import FitError
 from autoplan.calibrate.settings import Settings
-from autoplan.cost.measured import LINKS, OPS
-from autoplan.cost.topology import Topology
+from autoplan.core.measured import LINKS, OPS
+from autoplan.core.topology import Topology
 
 __all__ = ["header_lines"]
 

@@ -3,9 +3,9 @@
 Stage: a tool beside the pipeline; its output is the pipeline's ``Topology`` input.
 Input: the job's ``DeviceMesh`` (``torch.distributed`` initialised, gloo or NCCL), an
 optional output path, :class:`~autoplan.calibrate.settings.Settings`.
-Output: the same :class:`~autoplan.cost.topology.Topology` on every rank (every rank
+Output: the same :class:`~autoplan.core.topology.Topology` on every rank (every rank
 fits the same slowest-rank medians), written by rank 0 when ``out`` is given, with
-:class:`~autoplan.cost.measured.Calibration` saying when, on what and how well.
+:class:`~autoplan.core.measured.Calibration` saying when, on what and how well.
 Why: a plan is only as good as its prices, and a datasheet prices a GPU (and links)
 that may not be the job's; measured on the job's own ranks, loaded as a step loads
 them, the prices are the job's.
@@ -35,9 +35,9 @@ from autoplan.calibrate.settings import Settings
 from autoplan.calibrate.sync import SyncSample, measure_sync
 from autoplan.calibrate.timing import Clock
 from autoplan.calibrate.write import check_out, write_topology
-from autoplan.cost.measured import Calibration
-from autoplan.cost.topology import Topology
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
+from autoplan.core.measured import Calibration
+from autoplan.core.topology import Topology
 
 __all__ = ["CalibrateOptions", "Calibrated", "calibrate", "measure"]
 

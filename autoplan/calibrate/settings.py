@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
 
 __all__ = ["DEVICES", "Settings", "human_bytes"]
 

@@ -8,7 +8,7 @@ callables take turns, a repeat each per round.
 Why one place: every figure a calibration writes is timed the same way. All ranks
 start together after a barrier, so the ranks sharing a node (CPU cores, a PCIe switch,
 a NIC) load it as a step does. The functional collectives run through an
-:class:`autoplan.release.Keeper`, as a lowered program runs them, so no buffer is left
+:class:`autoplan.runtime.release.Keeper`, as a lowered program runs them, so no buffer is left
 on a process group's worker thread when a measurement returns.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autoplan.release import Keeper
+from autoplan.runtime.release import Keeper
 
 __all__ = ["Clock"]
 

@@ -1,12 +1,12 @@
 """Writing a calibrated topology: a YAML file that says what it is, whole or not at all.
 
 Stage: the last step of :func:`autoplan.calibrate.calibrate`.
-Input: the calibrated :class:`~autoplan.cost.topology.Topology`, the header's lines
+Input: the calibrated :class:`~autoplan.core.topology.Topology`, the header's lines
 (:mod:`autoplan.calibrate.header`: how it was measured, how well it fits), the output path
 and ``force``.
-Output: the file, written through :func:`autoplan.user_files.write_text` (a temporary
+Output: the file, written through :func:`autoplan.core.user_files.write_text` (a temporary
 file renamed over the path: a reader never sees half a file), or a
-:class:`~autoplan.errors.PlanError` before any measuring if the path is taken or cannot
+:class:`~autoplan.core.errors.PlanError` before any measuring if the path is taken or cannot
 be written.
 Why a header: a topology file outlives the job that measured it; the comment says
 when, on what and how it was measured, and which figures are not measured, so a reader
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from autoplan.cost.topology import Topology
-from autoplan.errors import PlanError
-from autoplan.user_files import write_text
+from autoplan.core.errors import PlanError
+from autoplan.core.topology import Topology
+from autoplan.core.user_files import writable, write_text
 
 __all__ = ["check_out", "topology_yaml", "write_topology"]
 
@@ -30,8 +30,6 @@ __all__ = ["check_out", "topology_yaml", "write_topology"]
 def check_out(out: str | Path, *, force: bool, flag: str = "--out") -> Path:
     """``out`` if a topology may be written there: a writable path, and no file there
     unless ``force``."""
-    from autoplan.run_checks import writable  # imports the run file's models: not at import
-
     path = writable(out, flag)
     if path.exists() and not force:
         raise PlanError(

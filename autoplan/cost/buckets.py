@@ -23,7 +23,7 @@ from typing import Any
 
 from autoplan.cost.price import TANGENT_SLOT, CostTable
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.trace import TracedGraph
+from autoplan.trace.capture import TracedGraph
 
 __all__ = [
     "GRAD_SLOT",

@@ -54,7 +54,7 @@ algbw`` and runs the cheapest (NVIDIA/nccl ``src/graph/tuning.cc``,
   (the NIC once nodes > 1) bounds it; its latency is that of an n-1 step ring,
   the round count of pairwise exchange (Thakur, Rabenseifner and Gropp 2005).
 
-A calibrated topology (``Topology.collectives``, :mod:`autoplan.cost.measured`) replaces
+A calibrated topology (``Topology.collectives``, :mod:`autoplan.core.measured`) replaces
 all of the above, for the ops and link classes it measured, by its own ring fit.
 
 Sizes follow nccl-tests (``PERFORMANCE.md``): all_gather / reduce_scatter take
@@ -69,9 +69,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from autoplan.cost.measured import MEASURED_CHOICE, measured_time_us
-from autoplan.cost.topology import Topology
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
+from autoplan.core.measured import MEASURED_CHOICE, measured_time_us
+from autoplan.core.topology import Topology
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 _PROTOCOLS = ("LL", "LL128", "Simple")

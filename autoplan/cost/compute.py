@@ -12,7 +12,7 @@ the local inputs read plus local outputs written. View and alias ops cost
 nothing (no kernel runs).
 
 The efficiencies and the per-op overhead are the device's
-(:class:`autoplan.cost.topology.Device`): datasheet shares for the presets, measured
+(:class:`autoplan.core.topology.Device`): datasheet shares for the presets, measured
 figures for a calibrated topology (``autoplan calibrate``).
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from autoplan.core.graph import map_args, static_args
+from autoplan.core.placements import Placements, local_shape, num_elements
+from autoplan.core.topology import Device
 from autoplan.cost.flops import op_flops
-from autoplan.cost.topology import Device
-from autoplan.graph import map_args, static_args
-from autoplan.placements import Placements, local_shape, num_elements
 from autoplan.strategies.table import NodeStrategies, Strategy
 
 aten = torch.ops.aten

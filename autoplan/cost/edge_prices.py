@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.core.placements import Placements, is_strided, plain
+from autoplan.core.torch_adapter import Placement
 from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
-from autoplan.placements import Placements, is_strided, plain
-from autoplan.strategies.dtensor import Placement
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
 Term = tuple[str, tuple[int, ...], int]

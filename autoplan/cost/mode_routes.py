@@ -3,7 +3,7 @@
 Input: a route :class:`~autoplan.cost.routes.Network` and, per checkpointing mode,
 the factor its prices take (2 where the mode computes the edge's consumer again, so
 the move is made twice). Output: :class:`ModeRoutes`, the network
-:mod:`autoplan.layer_modes` gives an edge into a recomputed node: states ``[0, n)``
+:mod:`autoplan.memory.layer_modes` gives an edge into a recomputed node: states ``[0, n)``
 the entry, ``[(k+1)n, (k+2)n)`` mode k's copy of the network, each entry state
 stepping free into its place in every copy.
 

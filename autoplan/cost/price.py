@@ -28,16 +28,16 @@ from typing import Any
 import numpy as np
 from torch import fx
 
+from autoplan.core.placements import Placements
+from autoplan.core.topology import Topology
+from autoplan.core.torch_adapter import Replicate
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.routes import Router, Routes
-from autoplan.cost.topology import Topology
-from autoplan.placements import Placements
-from autoplan.strategies.dtensor import Replicate
 from autoplan.strategies.table import StrategyTable, TensorInfo
-from autoplan.trace import TracedGraph
+from autoplan.trace.capture import TracedGraph
 
 GRAD_SLOT = -1
 TANGENT_SLOT = -2
@@ -105,10 +105,10 @@ class CostTable:
     edges: tuple[EdgeCost, ...]
     memory: dict[str, np.ndarray]
     # bytes per device per strategy of the values the forward keeps for the backward
-    # (autoplan.cost.activations); in ``memory`` too when the budget counts them
+    # (autoplan.memory.activations); in ``memory`` too when the budget counts them
     activations: dict[str, np.ndarray] = field(default_factory=dict)
     # node -> (group, width): its strategies come in blocks of ``width`` (one per
-    # activation-checkpointing mode, autoplan.layer_modes) and every node of the group
+    # activation-checkpointing mode, autoplan.memory.layer_modes) and every node of the group
     # takes the same block; the prices hold that, this says it to the plan heuristics
     blocks: dict[str, tuple[str, int]] = field(default_factory=dict)
 

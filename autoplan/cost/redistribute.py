@@ -42,10 +42,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from autoplan.core.placements import Placements, is_strided, plain, sharded_dim
+from autoplan.core.topology import group_span
+from autoplan.core.torch_adapter import Partial, Placement, Replicate
 from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.topology import group_span
-from autoplan.placements import Placements, is_strided, plain, sharded_dim
-from autoplan.strategies.dtensor import Partial, Placement, Replicate
 
 INF = math.inf
 
@@ -71,7 +71,7 @@ def axis_kind(p: Placement) -> int:
 
 def encode(src: Placements, dst: Placements) -> tuple[tuple[Code, ...], tuple[Code, ...]]:
     """The codes of one move: equal placements get equal codes, unequal ones unequal
-    (``_S(d,1)`` counts as ``S(d)``, the same layout: :func:`autoplan.placements.plain`)."""
+    (``_S(d,1)`` counts as ``S(d)``, the same layout: :func:`autoplan.core.placements.plain`)."""
     seen: list[Placement] = []
     codes: list[Code] = []
     for p in (*plain(src), *plain(dst)):

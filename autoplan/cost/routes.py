@@ -13,7 +13,7 @@ can be far cheaper. On a (dp, tp, cp) mesh with tp across nodes and cp inside
 one, ``S(0)S(2)R -> S(0)RR`` is a tp all-gather in which every GPU of a node pulls
 the same bytes through its own NIC; chunking locally to ``S(0)S(2)S(2)`` first
 (free) and gathering over the fused (tp, cp) group sends each byte across nodes
-once. The planner prices every edge by its cheapest route, and :mod:`autoplan.execute`
+once. The planner prices every edge by its cheapest route, and :mod:`autoplan.runtime.execute`
 runs the route hop by hop (the plan lists the routes that are not one move).
 
 Why the network: a route price is a shortest-path distance, so the ILP can
@@ -39,10 +39,10 @@ from typing import Any, Self
 
 import numpy as np
 
+from autoplan.core.placements import Placements
+from autoplan.core.torch_adapter import Partial, Replicate, Shard
 from autoplan.cost.closure import close_network
 from autoplan.cost.edge_prices import EdgePricer
-from autoplan.placements import Placements
-from autoplan.strategies.dtensor import Partial, Replicate, Shard
 
 # Relative slack when asking whether a move lies on a cheapest route (float sums).
 _TIGHT = 1e-9

@@ -33,11 +33,11 @@ import numpy as np
 import pulp
 from pulp.apis import coin_api
 
-from autoplan.errors import PlanError
+from autoplan.core.config import SOLVERS
+from autoplan.core.errors import PlanError
 from autoplan.ilp.formulation.matrix import Matrix
 from autoplan.ilp.owned_process import run_owned
 
-SOLVERS = ("cbc", "highs")
 # Seconds CBC may run past its time limit before it is stopped (see _run_cbc).
 _GRACE_S = 5.0
 

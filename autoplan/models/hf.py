@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
 
 KINDS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),

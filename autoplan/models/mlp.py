@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
 
 
 class MLPBlock(nn.Module):

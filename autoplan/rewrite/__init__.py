@@ -1,6 +1,6 @@
 """Stage 2, rewrite: graph passes between tracing and strategy enumeration.
 
-Input: a :class:`~autoplan.trace.TracedGraph` and the ``mm_mode``. Output: a
+Input: a :class:`~autoplan.trace.capture.TracedGraph` and the ``mm_mode``. Output: a
 TracedGraph whose graph has been rewritten (``"einsum"``: nn.Linear's
 ``view -> mm -> view`` becomes ``einsum``) or left as traced (``"native"``).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.errors import PlanError
+from autoplan.core.errors import PlanError
 from autoplan.rewrite.einsum import RewriteStats, rewrite_linear_to_einsum
-from autoplan.trace import TracedGraph
+from autoplan.trace.capture import TracedGraph
 
 __all__ = ["RewriteStats", "rewrite", "rewrite_linear_to_einsum"]
 

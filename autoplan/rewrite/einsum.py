@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from autoplan.strategies.dtensor import FakeTensor, FakeTensorMode, extract_tensor_metadata
+from autoplan.core.torch_adapter import FakeTensor, FakeTensorMode, extract_tensor_metadata
 
 __all__ = ["RewriteStats", "rewrite_linear_to_einsum"]
 

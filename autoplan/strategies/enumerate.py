@@ -1,6 +1,6 @@
 """Stage 3, strategies: candidate strategies for every node of a traced graph.
 
-Input: a :class:`~autoplan.trace.TracedGraph` and a ``DeviceMesh``. Output: a
+Input: a :class:`~autoplan.trace.capture.TracedGraph` and a ``DeviceMesh``. Output: a
 :class:`~autoplan.strategies.table.StrategyTable`.
 
 Where rules come from, in order:
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from autoplan.graph import map_args, static_args, tensor_args
-from autoplan.placements import Placements, even_placements, is_even, is_strided
-from autoplan.strategies.dtensor import (
+from autoplan.core.graph import map_args, static_args, tensor_args
+from autoplan.core.placements import Placements, even_placements, is_even, is_strided
+from autoplan.core.torch_adapter import (
     DeviceMesh,
     Partial,
     Placement,
@@ -56,7 +56,7 @@ from autoplan.strategies.table import (
     StrategyTable,
     TensorInfo,
 )
-from autoplan.trace import TracedGraph
+from autoplan.trace.capture import TracedGraph
 
 aten = torch.ops.aten
 
@@ -313,7 +313,7 @@ class _Enumerator:
 
     def _split_seen(self, in_nodes: list[fx.Node]) -> frozenset[Placement]:
         # Split factors seen on the inputs, 1 left out: _S(d,1) is S(d), which every
-        # placeholder is filled with anyway (autoplan.placements.plain); kept, it would add
+        # placeholder is filled with anyway (autoplan.core.placements.plain); kept, it would add
         # a second spelling of many of an mm's strategies.
         seen: set[Placement] = set()
         for a in in_nodes:

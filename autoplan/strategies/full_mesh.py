@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import fx
 
-from autoplan.graph import map_args, tensor_args
-from autoplan.placements import Placements
-from autoplan.strategies.dtensor import (
+from autoplan.core.graph import map_args, tensor_args
+from autoplan.core.placements import Placements
+from autoplan.core.torch_adapter import (
     DeviceMesh,
     DTensorSpec,
     OpSchema,

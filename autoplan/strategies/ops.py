@@ -1,7 +1,7 @@
 """Which ops the strategies stage treats apart, and which layouts involve _StridedShard.
 
 Used by stage 3 (:mod:`autoplan.strategies.enumerate`) and by the read-out of a plan
-(:mod:`autoplan.readout`). Input: aten ops and strategies. Output: the op sets and
+(:mod:`autoplan.planner.readout`). Input: aten ops and strategies. Output: the op sets and
 predicates below.
 
 ``FREE_OPS`` are views and aliases: no kernel runs, so they cost no compute, and
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from autoplan.placements import Placements, is_strided, sharded_dim
+from autoplan.core.placements import Placements, is_strided, sharded_dim
 from autoplan.strategies.table import Strategy
 
 aten = torch.ops.aten

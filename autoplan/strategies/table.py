@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.placements import Placements, fmt
+from autoplan.core.placements import Placements, fmt
 
 
 @dataclass(frozen=True)

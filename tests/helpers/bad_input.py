@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from autoplan.cli import main
+from autoplan.tools.cli import main
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def assert_clear(ran: Ran, code: int, *words: str) -> None:
 
 def assert_plan_error(call, *words: str) -> None:
     """``call()`` raises a PlanError whose message holds every word (case-insensitive)."""
-    from autoplan.errors import PlanError
+    from autoplan.core.errors import PlanError
 
     with pytest.raises(PlanError) as info:
         call()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autoplan.run_plan import run_plan
-from autoplan.runfile import load_run
+from autoplan.tools.run_plan import run_plan
+from autoplan.tools.runfile import load_run
 
 
 def main(out: str, specs: list[str]) -> None:

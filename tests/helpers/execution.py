@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from autoplan.strategies.dtensor import Partial, Replicate, redistribute
+from autoplan.core.torch_adapter import Partial, Replicate, redistribute
 
 
 def placed(x: torch.Tensor, mesh, src) -> DTensor:

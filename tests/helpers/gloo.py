@@ -43,7 +43,7 @@ def _worker(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> 
         result = fn(rank, *args)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         # every rank here: a gloo worker thread still finishing a collective of the test's
-        # own (autoplan's calls return only once theirs are done, autoplan.release) takes
+        # own (autoplan's calls return only once theirs are done, autoplan.runtime.release) takes
         # the GIL while this one waits, rather than at the interpreter's teardown
         dist.barrier()
     finally:
@@ -56,7 +56,7 @@ def gil_waiters(hold_s: float = 0.2) -> int:
 
     A gloo worker thread that must free a Python object takes the GIL for it (pybind11
     gives the thread a Python thread state first); the interpreter's teardown ends such a
-    thread inside a destructor, which aborts the process (autoplan.release). Holding the
+    thread inside a destructor, which aborts the process (autoplan.runtime.release). Holding the
     GIL long enough for any such worker to be waiting, then counting the thread states
     beyond Python's own threads, shows whether one was left at this point.
     """

@@ -6,7 +6,7 @@ A tiny Qwen2 built from its config, planned inside the job on a 2x2 (dp, tp) mes
 ``loss_fn``, parallelized with it; one forward and backward, ``autoplan.full_gradients``,
 then ``destroy_process_group()`` and a normal interpreter exit: the sequence that some
 runs ended in SIGABRT at exit ("terminate called without an active exception",
-autoplan.release). Rank 0 prints the loss and how many gradients it gathered.
+autoplan.runtime.release). Rank 0 prints the loss and how many gradients it gathered.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
-from autoplan.apply import full_gradients, parallelize, shard_inputs
 from autoplan.models import hf
+from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
 
 CONFIG = {
     "num_hidden_layers": 2,

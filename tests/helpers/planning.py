@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 import autoplan
-from autoplan.cost.topology import Device, Topology
+from autoplan.core.topology import Device, Topology
 from autoplan.models.llama3 import Transformer, tiny
 
 # On H100s the tiny MLP's kernels sit at the per-kernel time floor, so computing replicated
@@ -74,7 +74,7 @@ def plan_tiny_llama(
     **kwargs,
 ) -> autoplan.Plan:
     """A tiny LLaMA (``tiny(num_layers)``, vocabulary 128) built on the meta device and
-    planned on ``mesh`` for a [batch, seq] batch of token ids; ``kwargs`` go to autoplan.plan."""
+    planned on ``mesh`` for a [batch, seq] batch of token ids; ``kwargs`` go to autoplan.result.plan."""
     with torch.device("meta"):
         model = Transformer(tiny(num_layers))
     return autoplan.plan(

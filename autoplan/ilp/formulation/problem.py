@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplan.components import components
+from autoplan.core.components import components
 from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
 from autoplan.ilp.reductions.tying import edge_key

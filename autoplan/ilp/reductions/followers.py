@@ -154,7 +154,7 @@ def collapse_followers(
         edges = [e for e in in_edges.get(v, []) if e.slot != GRAD_SLOT]
         if ns.kind != "op" or v in keep or not edges or len(edges) != len(in_edges.get(v, [])):
             continue
-        # a recomputed node (autoplan.recompute) has a second edge from its input and
+        # a recomputed node (autoplan.memory.recompute) has a second edge from its input and
         # stays unmerged: made to follow its producer, it makes recomputing plans dearer
         if len(edges) > 1 and not (ns.pointwise and len(ns.out_tensors) == 1):
             continue

@@ -1,7 +1,7 @@
 """Stage 5e (solve), modes: branch on each layer group's checkpointing mode before the MIP.
 
 Input: an :class:`~autoplan.ilp.formulation.build.IlpModel` whose classes come in mode
-blocks (``Problem.blocks``, :mod:`autoplan.layer_modes`), its relaxation, the cost a plan
+blocks (``Problem.blocks``, :mod:`autoplan.memory.layer_modes`), its relaxation, the cost a plan
 must beat, and two steps of the solver: a relaxation of a model and a MIP over one.
 Output: an :class:`Outcome`, the cheapest plan below that cost and a proven bound
 (:func:`branch_modes`).

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoplan.components import components
+from autoplan.core.components import components
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.ilp.bound.incumbent import footprint, priced
 from autoplan.ilp.bound.relax import Relaxation

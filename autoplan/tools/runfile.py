@@ -1,0 +1,363 @@
+"""YAML planning runs: a run file -> model, inputs, mesh and PlanConfig.
+
+Input: a YAML path (and ``--set key.path=value`` overrides). Output: a
+frozen :class:`Run`. Every mistake raises :class:`RunFileError` naming the
+file, the key, the value and what is allowed; never a traceback from inside.
+
+Schema::
+
+    model:    {name: llama3 | mlp, args: {...ModelArgs / TinyMLP fields}}
+              | {hf: gpt2 | llama | qwen2 | mistral, config: {...transformers config fields}}
+    inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
+    mesh:     {shape: [8, 8], names: [dp, tp]}
+    plan:     {mm_mode, memory_budget_gib, activation_memory, activation_checkpointing,
+               param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
+               optimizer_states, bucket_mib, collapse_followers, cluster_layers, untie_under_budget,
+               prune_dominated, reduced_cost_fixing, routes}
+    topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
+    constraints: {output_placements: ["RR"],                         # per output tensor
+                  pin: {layers.0.attention.wq.weight: "S(0)S(0)", einsum_default: "S(0)R"}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoplan.core.config import PlanConfig
+from autoplan.core.errors import RunFileError
+from autoplan.core.placements import Placements, parse
+from autoplan.core.topology import Topology
+from autoplan.core.user_files import read_text
+from autoplan.models import hf
+from autoplan.models.llama3 import ModelArgs, Transformer
+from autoplan.models.mlp import TinyMLP
+from autoplan.tools import strict_yaml
+
+SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
+MODELS = ("llama3", "mlp")
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything a planning run needs, read from one file.
+
+    A Hugging Face model has ``model_name`` ``"hf:<kind>"`` and its config fields in
+    ``model_args``.
+    """
+
+    source: str
+    model_name: str
+    model_args: dict[str, Any]
+    batch: int
+    seq: int
+    input_placements: tuple[Placements, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    config: PlanConfig
+    output_placements: tuple[Placements, ...] = ()
+    pins: dict[str, Placements] = dataclasses.field(default_factory=dict)
+    topology_file: str | None = None  # the topology YAML the run file names, if any
+
+    @property
+    def hf_kind(self) -> str | None:
+        """``gpt2`` / ``llama`` / ... for a Hugging Face model, else ``None``."""
+        return self.model_name.removeprefix("hf:") if self.model_name.startswith("hf:") else None
+
+    def build_model(self) -> nn.Module:
+        """The model on the meta device (no memory)."""
+        if self.hf_kind is not None:
+            try:
+                return hf.build_hf(self.hf_kind, self.model_args)
+            except hf.HFConfigError as exc:
+                raise RunFileError(f"{self.source}: model.config: {exc}") from exc
+        with torch.device("meta"):
+            if self.model_name == "llama3":
+                return Transformer(ModelArgs(**self.model_args))
+            return TinyMLP(**self.model_args)
+
+    def input_fn(self) -> Callable[[], torch.Tensor]:
+        """Global example inputs: token ids (batch, seq) for language models."""
+        if self.hf_kind is not None:
+            vocab = hf.make_config(self.hf_kind, self.model_args).vocab_size
+            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
+        if self.model_name == "llama3":
+            vocab = ModelArgs(**self.model_args).vocab_size
+            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
+        dim = self.model_args.get("dim", 64)
+        return lambda: torch.randn(self.batch, self.seq, dim)
+
+
+def _err(source: str, key: str, value: Any, allowed: str) -> RunFileError:
+    return RunFileError(f"{source}: {key} = {value!r} is not valid; {allowed}")
+
+
+def _section(raw: dict[str, Any], name: str, source: str, keys: Sequence[str]) -> dict[str, Any]:
+    sec = raw.get(name, {})
+    if sec is None:
+        sec = {}
+    if not isinstance(sec, dict):
+        raise _err(source, name, sec, "expected a mapping")
+    unknown = set(sec) - set(keys)
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise RunFileError(
+            f"{source}: unknown key {name}.{bad}; allowed keys in {name}: {', '.join(keys)}"
+        )
+    return sec
+
+
+def _int(source: str, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _err(source, key, value, f"expected an integer >= {minimum}")
+    return value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) -> dict[str, Any]:
+    """``model.args.n_layers=4`` sets that key (value parsed as YAML)."""
+    for item in overrides:
+        if "=" not in item:
+            raise RunFileError(f"--set {item!r}: write key.path=value, e.g. model.args.n_layers=4")
+        path, text = item.split("=", 1)
+        keys = path.strip().split(".")
+        if not all(k.strip() for k in keys):
+            raise RunFileError(
+                f"--set {item!r}: the key path {path!r} has an empty part; write "
+                "section.key=value, e.g. plan.mm_mode=native"
+            )
+        node = raw
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise RunFileError(f"--set {item!r}: {k} in {source} is not a mapping")
+            node = nxt
+        node[keys[-1]] = strict_yaml.load(text, f"--set {item!r}")
+    return raw
+
+
+def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
+    """Read and validate a run file."""
+    source = str(path)
+    how = "give the path of a run file (YAML), e.g. configs/tiny.yaml"
+    raw = strict_yaml.load(read_text(path, what="run file", how=how, error=RunFileError), source)
+    if not isinstance(raw, dict):
+        raise RunFileError(
+            f"{source}: a run file is a mapping with keys {', '.join(sorted(SECTIONS))}"
+        )
+    raw = apply_overrides(raw, overrides, source)
+    unknown = set(raw) - SECTIONS
+    if unknown:  # checked after the overrides: --set mm_mode=native is a typo to report
+        raise RunFileError(
+            f"{source}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(SECTIONS))}"
+        )
+    return _parse(raw, source)
+
+
+def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+    """``model: {hf: kind, config: {...}}`` -> (``"hf:kind"``, config), checked."""
+    other = sorted({"name", "args"} & set(model))
+    if other:
+        raise RunFileError(
+            f"{source}: model.{other[0]} cannot be combined with model.hf; a Hugging Face "
+            "model is described by model.hf and model.config only"
+        )
+    kind = model["hf"]
+    if kind not in hf.KINDS:
+        raise _err(source, "model.hf", kind, f"allowed: {', '.join(hf.KINDS)}")
+    config = model.get("config", {}) or {}
+    if not isinstance(config, dict):
+        raise _err(source, "model.config", config, "expected a mapping of config fields")
+    try:
+        allowed = hf.config_keys(kind)
+        for k in config:
+            if k not in allowed:
+                raise RunFileError(
+                    f"{source}: unknown key model.config.{k} for hf: {kind}; "
+                    f"allowed: {', '.join(allowed)}"
+                )
+        hf.make_config(kind, config)
+    except hf.HFConfigError as exc:
+        raise RunFileError(f"{source}: model.config: {exc}") from exc
+    return f"hf:{kind}", config
+
+
+def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+    """``model: {name: llama3 | mlp, args: {...}}`` -> (name, args), checked."""
+    if "config" in model:
+        raise RunFileError(
+            f"{source}: model.config belongs to a Hugging Face model (model.hf); "
+            "a reference model takes model.name and model.args"
+        )
+    name = model.get("name", "llama3")
+    if name not in MODELS:
+        raise _err(source, "model.name", name, f"allowed: {', '.join(MODELS)}, or model.hf")
+    args = model.get("args", {}) or {}
+    if not isinstance(args, dict):
+        raise _err(source, "model.args", args, "expected a mapping of model arguments")
+    allowed = (
+        [f.name for f in dataclasses.fields(ModelArgs)]
+        if name == "llama3"
+        else ["dim", "hidden", "n_layers"]
+    )
+    for k in args:
+        if k not in allowed:
+            raise RunFileError(
+                f"{source}: unknown key model.args.{k}; allowed: {', '.join(allowed)}"
+            )
+    try:
+        with torch.device("meta"):
+            ModelArgs(**args) if name == "llama3" else TinyMLP(**args)
+    except (TypeError, ValueError) as exc:
+        raise RunFileError(f"{source}: model.args: {exc}") from exc
+    return name, args
+
+
+def _parse(raw: dict[str, Any], source: str) -> Run:
+    model = _section(raw, "model", source, ("name", "args", "hf", "config"))
+    if "hf" in model:
+        name, args = _parse_hf(model, source)
+    else:
+        name, args = _parse_reference(model, source)
+
+    mesh = _section(raw, "mesh", source, ("shape", "names"))
+    shape = mesh.get("shape")
+    if not isinstance(shape, list) or not shape:
+        raise _err(source, "mesh.shape", shape, "expected a list of axis sizes, e.g. [8, 8]")
+    shape_t = tuple(_int(source, "mesh.shape", s) for s in shape)
+    names = mesh.get("names")
+    if (
+        not isinstance(names, list)
+        or len(names) != len(shape_t)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise _err(
+            source, "mesh.names", names, f"expected {len(shape_t)} axis names, e.g. [dp, tp]"
+        )
+    if len(set(names)) != len(names):
+        raise _err(source, "mesh.names", names, "axis names must be distinct")
+
+    inputs = _section(raw, "inputs", source, ("batch", "seq", "placements"))
+    batch = _int(source, "inputs.batch", inputs.get("batch", 8))
+    seq = _int(source, "inputs.seq", inputs.get("seq", 32))
+    if name.startswith("hf:"):
+        kind = name.removeprefix("hf:")
+        limit = hf.position_limit(kind, hf.make_config(kind, args))
+        if limit is not None and seq > limit:
+            raise _err(
+                source,
+                "inputs.seq",
+                seq,
+                f"at most {limit}, the model's learned position table (model.config.n_positions); "
+                "raise n_positions or shorten seq",
+            )
+    if name == "llama3":
+        limit = ModelArgs(**args).max_seq_len
+        if seq > limit:
+            raise _err(
+                source, "inputs.seq", seq,
+                f"at most {limit}, the model's rotary table (model.args.max_seq_len); "
+                "raise max_seq_len or shorten seq",
+            )  # fmt: skip
+    specs = inputs.get("placements")
+    placements: tuple[Placements, ...] = ()
+    if specs is not None:
+        if not isinstance(specs, list):
+            raise _err(source, "inputs.placements", specs, 'expected a list such as ["S(0)R"]')
+        try:
+            placements = tuple(parse(str(s), len(shape_t)) for s in specs)
+        except ValueError as exc:
+            raise RunFileError(f"{source}: inputs.placements: {exc}") from exc
+
+    topology = load_topology(raw.get("topology"), source)
+    plan = _section(
+        raw,
+        "plan",
+        source,
+        [f.name for f in dataclasses.fields(PlanConfig) if f.name != "topology"],
+    )
+    try:
+        config = PlanConfig(**plan, topology=topology)
+    except (TypeError, ValueError) as exc:
+        raise RunFileError(f"{source}: plan: {exc}") from exc
+    outputs, pins = _parse_constraints(raw, source, len(shape_t))
+    topology_file = _topology_file(raw.get("topology"), source)
+    return Run(
+        source, name, args, batch, seq, placements, shape_t, tuple(names), config, outputs, pins,
+        None if topology_file is None else str(topology_file),
+    )  # fmt: skip
+
+
+def _placement_list(source: str, key: str, specs: Any, num_axes: int) -> tuple[Placements, ...]:
+    if specs is None:
+        return ()
+    if not isinstance(specs, list):
+        raise _err(source, key, specs, 'expected a list such as ["S(0)R"]')
+    try:
+        return tuple(parse(str(s), num_axes) for s in specs)
+    except ValueError as exc:
+        raise RunFileError(f"{source}: {key}: {exc}") from exc
+
+
+def _parse_constraints(
+    raw: dict[str, Any], source: str, num_axes: int
+) -> tuple[tuple[Placements, ...], dict[str, Placements]]:
+    sec = _section(raw, "constraints", source, ("output_placements", "pin"))
+    outputs = _placement_list(
+        source, "constraints.output_placements", sec.get("output_placements"), num_axes
+    )
+    if len(outputs) > 1:
+        raise _err(
+            source, "constraints.output_placements", sec["output_placements"],
+            "the planned loss is one tensor: give one placement, e.g. [RR]",
+        )  # fmt: skip
+    pin = sec.get("pin") or {}
+    if not isinstance(pin, dict):
+        raise _err(
+            source, "constraints.pin", pin,
+            'expected a mapping of parameter FQN or node name to placement, e.g. {output.weight: "RS(0)"}',
+        )  # fmt: skip
+    pins: dict[str, Placements] = {}
+    for name, spec in pin.items():
+        try:
+            pins[str(name)] = parse(str(spec), num_axes)
+        except ValueError as exc:
+            raise RunFileError(f"{source}: constraints.pin.{name}: {exc}") from exc
+    return outputs, pins
+
+
+def _topology_file(value: Any, source: str) -> Path | None:
+    """The topology YAML ``value`` names (a path, else beside the run file ``source``), or
+    None for a preset or a mapping."""
+    if not (isinstance(value, str) and value.endswith((".yaml", ".yml"))):
+        return None
+    path = Path(value)
+    if not path.is_absolute() and not path.exists():
+        path = Path(source).parent / value
+    return path
+
+
+def load_topology(value: Any, source: str = "--topology") -> Topology:
+    """A topology from a preset name, a mapping, or a topology YAML path."""
+    if value is None:
+        return Topology()
+    try:
+        path = _topology_file(value, source)
+        if path is not None:
+            how = "give a preset name (h100, a100, ...) or the path of a topology YAML"
+            raw = strict_yaml.load(read_text(path, what="topology file", how=how), str(path))
+            return Topology.from_dict(raw, source=str(path))
+        if isinstance(value, str):
+            return Topology.preset(value)
+        if isinstance(value, dict):
+            return Topology.from_dict(value, source=source)
+    except (OSError, ValueError) as exc:
+        raise RunFileError(f"{source}: topology: {exc}") from exc
+    raise _err(source, "topology", value, "expected a preset name, a mapping or a .yaml path")
