@@ -53,7 +53,7 @@ def test_importing_every_autoplan_module_registers_nothing():
 
 
 def test_private_torch_modules_are_imported_by_the_adapter_only():
-    """No module but strategies/dtensor.py imports a private torch module, and none
+    """No module but core/torch_adapter.py imports a private torch module, and none
     imports torch.testing."""
     offenders = []
     for path in sorted((ROOT / "autoplan").rglob("*.py")):

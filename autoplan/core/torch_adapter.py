@@ -65,6 +65,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from autoplan.core.errors import PlanError
 
+OpOverload = torch._ops.OpOverload  # an aten op with its overload, as graph nodes target
+
 __all__ = [
     "DataDependentOutputException",
     "DynamicOutputShapeException",
@@ -76,6 +78,7 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "LocalTensorMode",
+    "OpOverload",
     "OpSchema",
     "OpSpec",
     "OpStrategy",
@@ -112,7 +115,7 @@ __all__ = [
 
 ShardingPlaceholder = _ShardingPlaceholder
 extract_tensor_metadata = _extract_tensor_metadata
-# GraphModules that generate their Python code on first use (see trace.py).
+# GraphModules that generate their Python code on first use (see autoplan/trace/capture.py).
 use_lazy_graph_module = _use_lazy_graph_module
 make_graph_module = _make_graph_module  # lazy under use_lazy_graph_module(True)
 force_eager_graph_module = _force_skip_lazy_graph_module
@@ -136,7 +139,7 @@ def mutates(node: torch.fx.Node) -> bool:
     backward) is dead even when it is attention or dropout.
     """
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return target._schema.is_mutable
     return node.is_impure()
 
@@ -158,14 +161,14 @@ def _propagator() -> Any:
     return DTensor._op_dispatcher.sharding_propagator
 
 
-def _attention_rules(op: torch._ops.OpOverload) -> list[list[Placement | _ShardingPlaceholder]]:
+def _attention_rules(op: OpOverload) -> list[list[Placement | _ShardingPlaceholder]]:
     # forward: [out, logsumexp, q, k, v]; backward: [dq, dk, dv, grad_out, q, k, v, out, lse]
     width = 5 if op is _CPU_FLASH else 9
     return [[_ShardingPlaceholder(d)] * width for d in (0, 1)]
 
 
 def single_dim_rules(
-    op: torch._ops.OpOverload, args_meta: Sequence[Any], kwargs_meta: dict[str, Any]
+    op: OpOverload, args_meta: Sequence[Any], kwargs_meta: dict[str, Any]
 ) -> list[list[Placement | _ShardingPlaceholder | None]] | None:
     """DTensor's single-dim rules for ``op``, or None when it has none.
 
@@ -240,7 +243,7 @@ def masked_partial(
     return _MaskPartial(reduce_op, offset_shape=shape, offset_dim=offset_dim)
 
 
-def has_op_strategy(op: torch._ops.OpOverload) -> bool:
+def has_op_strategy(op: OpOverload) -> bool:
     return op in _propagator().op_strategy_funcs
 
 
@@ -262,13 +265,13 @@ def _without_dtensor_costs() -> Iterator[None]:
         _dtensor_op_utils.redistribute_cost = saved
 
 
-def op_strategy(op: torch._ops.OpOverload, schema: OpSchema) -> OpStrategy | TupleStrategy:
+def op_strategy(op: OpOverload, schema: OpSchema) -> OpStrategy | TupleStrategy:
     """Run DTensor's full-mesh strategy function for ``op`` on ``schema`` (unpriced)."""
     with _without_dtensor_costs():
         return _propagator().op_strategy_funcs[op](schema)
 
 
-def schema_info(op: torch._ops.OpOverload) -> Any:
+def schema_info(op: OpOverload) -> Any:
     return _propagator().op_to_schema_info.get(op)
 
 

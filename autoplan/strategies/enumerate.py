@@ -36,6 +36,7 @@ from autoplan.core.graph import map_args, static_args, tensor_args
 from autoplan.core.placements import Placements, even_placements, is_even, is_strided
 from autoplan.core.torch_adapter import (
     DeviceMesh,
+    OpOverload,
     Partial,
     Placement,
     Replicate,
@@ -136,7 +137,7 @@ class _Enumerator:
             return None
         if node.target is operator.getitem:
             return self._getitem(node)
-        if not isinstance(node.target, torch._ops.OpOverload):
+        if not isinstance(node.target, OpOverload):
             return None
         outs = val if isinstance(val, (tuple, list)) else (val,)
         out_infos = tuple(self._tensor_info(v) for v in outs)
