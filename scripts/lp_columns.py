@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import autoplan.planner.solve_mode as solve_stage
-from autoplan.ilp.backends import cbc_path, read_solution, write_mps
+from autoplan.ilp.backends import cbc_path, read_cbc_solution, write_mps
 from autoplan.ilp.bound.incumbent import from_lp
 from autoplan.ilp.formulation.build import IlpModel
 from autoplan.ilp.formulation.matrix import Flow, Matrix
@@ -76,7 +76,7 @@ def _lp(m: Matrix, tmp: Path) -> tuple[float, np.ndarray | None, np.ndarray, str
         check=True,
     ).stdout
     seconds = time.perf_counter() - began
-    _, x, _, y = read_solution(str(sol), m.num_cols, m.num_rows)  # the solve stage's reader
+    _, x, _, y = read_cbc_solution(str(sol), m.num_cols, m.num_rows)  # the solve stage's reader
     summary = next((s.strip() for s in out.splitlines() if "objective" in s.lower()), "?")
     return seconds, x, y, summary
 

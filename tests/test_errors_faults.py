@@ -213,12 +213,12 @@ def test_no_cbc_anywhere_is_bad_input_before_planning(tmp_path, monkeypatch):
     highs, before any tracing."""
     from pulp.apis import coin_api
 
-    import autoplan.planner.prepare
+    import autoplan.planner.front_end
 
     monkeypatch.setattr(coin_api, "pulp_cbc_path", str(tmp_path / "no-cbc"))
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(
-        autoplan.planner.prepare, "trace_joint", lambda *a, **k: pytest.fail("traced")
+        autoplan.planner.front_end, "trace_joint", lambda *a, **k: pytest.fail("traced")
     )
     ran = cli("plan", _run_file(tmp_path), "--quiet")
     assert_clear(ran, 2, "solver 'cbc' needs a CBC binary", "pulp[cbc]", "solver: highs")

@@ -10,7 +10,7 @@ import pytest
 
 from autoplan.core.placements import fmt
 from autoplan.result.plan import Plan
-from autoplan.tools.chart import KINDS, cost_by_kind, node_kinds, param_kind
+from autoplan.tools.chart import KINDS, cost_by_kind, layer_kind, node_kinds
 from autoplan.tools.cli import main
 from autoplan.tools.compare import write_compare
 from autoplan.tools.explain import explain, format_explain
@@ -156,9 +156,9 @@ def test_node_kinds_of_a_llama(tmp_path):
     kinds = node_kinds(traced)
     by_fqn = dict(zip(traced.param_fqns, traced.params, strict=True))
     assert kinds[by_fqn["layers.0.attention.wq.weight"]] == "attention"
-    assert param_kind("layers.0.ffn_norm.weight") == "norm"
-    assert param_kind("tok_embeddings.weight") == "embedding"
-    assert param_kind("output.weight") == "output"
+    assert layer_kind("layers.0.ffn_norm.weight") == "norm"
+    assert layer_kind("tok_embeddings.weight") == "embedding"
+    assert layer_kind("output.weight") == "output"
     targets = {n.name: str(n.target) for n in traced.gm.graph.nodes}
     assert (
         kinds[next(v for v, t in targets.items() if t.startswith("aten.embedding."))] == "embedding"

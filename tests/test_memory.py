@@ -21,8 +21,8 @@ from autoplan.core.torch_adapter import MemTracker
 from autoplan.memory.activations import cotangent_memory, saved_storage
 from autoplan.memory.recompute import layer_names, recompute_set, with_recompute
 from autoplan.models.llama3 import Transformer, tiny
+from autoplan.planner.front_end import front_end
 from autoplan.planner.pipeline import _plan_fields
-from autoplan.planner.prepare import prepare
 from autoplan.planner.solve_mode import solve_mode
 from autoplan.rewrite import rewrite
 from autoplan.runtime.apply import parallelize, shard_inputs
@@ -251,7 +251,7 @@ def test_the_kept_activations_are_what_memtracker_measures_for_every_mix_of_mode
     with torch.device("meta"):
         meta = Transformer(tiny(2))
     config = autoplan.PlanConfig()
-    with prepare(
+    with front_end(
         meta, lambda: tokens, mesh, config=config, input_placements="S(0)", pins=GATHERED
     ) as problem:
         base = _plan_fields(problem.traced, problem.table, config, {})

@@ -11,7 +11,7 @@ import torch
 import autoplan
 from autoplan.cost.price import CostTable, EdgeCost, price
 from autoplan.ilp.formulation.build import build_ilp
-from autoplan.ilp.formulation.problem import lower, simplify
+from autoplan.ilp.formulation.problem import build_problem, simplify
 from autoplan.ilp.formulation.prune import prune_dominated
 from autoplan.ilp.reductions.followers import collapse_followers
 from autoplan.ilp.reductions.tying import cluster
@@ -72,7 +72,7 @@ def test_pruning_reaches_a_fixpoint_and_removes_on_random_cases():
     """A second pruning pass finds nothing; across the random cases something is pruned."""
     removed = 0
     for seed in SEEDS:
-        p = lower(random_costs(seed, grad_edges=True))
+        p = build_problem(random_costs(seed, grad_edges=True))
         try:
             simplify(p)
         except ValueError:

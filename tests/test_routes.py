@@ -307,7 +307,7 @@ def test_closure_equals_networkx_floyd_warshall(seed):
 
 @pytest.mark.parametrize("threaded", [0, 10**9])
 def test_edges_of_one_shape_share_one_network_built_alike_on_threads_or_not(monkeypatch, threaded):
-    """Router.prepare builds one network per shape and element size holding every edge's
+    """Router.precompute builds one network per shape and element size holding every edge's
     placements, the same closed on worker threads or in the caller's thread and in any
     edge order, and no move costs more on it than on the edge's own network."""
     shape = (16, 3, 128)  # 3 splits unevenly: S(1) on any axis is no waypoint, only an edge's own
@@ -322,10 +322,10 @@ def test_edges_of_one_shape_share_one_network_built_alike_on_threads_or_not(monk
     ]
     monkeypatch.setattr(routes_module, "_THREADED", threaded)
     ahead = _router((2, 2, 2))
-    ahead.prepare(edges)
+    ahead.precompute(edges)
     monkeypatch.setattr(routes_module, "_THREADED", 10**9 - threaded)
     reverse = _router((2, 2, 2))
-    reverse.prepare(edges[::-1])
+    reverse.precompute(edges[::-1])
     assert len(ahead._nets) == 2
     for rows, cols, shape, dtype_bytes in edges:
         got = ahead.edge(rows, cols, shape, dtype_bytes)

@@ -1,12 +1,12 @@
 """The transient's re-solve and the time it may take: a budget counting activations
 leaves room for the backward's transient peak, within the user's time limit
-(autoplan.planner.transient, autoplan.planner.solve_mode.SolveClock)."""
+(autoplan.planner.transient, autoplan.planner.problem.SolveClock)."""
 
 from __future__ import annotations
 
 import autoplan
 from autoplan.planner import solve_mode as solve_stage
-from autoplan.planner.solve_mode import SolveClock
+from autoplan.planner.problem import SolveClock
 from tests.helpers.planning import plan_tiny_llama
 
 COUNTED = ("parameters", "gradients", "optimizer", "activations", "output_grad")
@@ -40,7 +40,7 @@ def test_the_time_limit_bounds_the_plan_with_its_transient_re_solves(monkeypatch
         reads.append(limit_s)
         return limit_s if len(reads) == 1 else 0.0
 
-    monkeypatch.setattr(solve_stage.SolveClock, "left", left)
+    monkeypatch.setattr(SolveClock, "left", left)
     plan = _plan(memory_budget_gib=budget, activation_memory=True, time_limit_s=60.0)
     assert len(solves) == 1 and reads == [60.0, 60.0]
     assert "ran out before a re-solve" in plan.message and "time_limit_s (60.0 s)" in plan.message

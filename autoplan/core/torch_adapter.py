@@ -101,7 +101,7 @@ __all__ = [
     "isolated_trace",
     "late_input",
     "is_masked_partial",
-    "local_shape",
+    "rank_local_shape",
     "masked_partial",
     "masked_partial_key",
     "op_strategy",
@@ -122,10 +122,12 @@ force_eager_graph_module = _force_skip_lazy_graph_module
 aten = torch.ops.aten
 
 
-def local_shape(
+def rank_local_shape(
     shape: Sequence[int], mesh: DeviceMesh, placements: Sequence[Placement]
 ) -> tuple[int, ...]:
-    """This rank's shard shape of a tensor of global ``shape`` placed ``placements``."""
+    """This rank's shard shape of a tensor of global ``shape`` placed ``placements`` on
+    ``mesh``, uneven shards included (the planner's even-shard shape over a mesh shape is
+    :func:`autoplan.core.placements.local_shape`)."""
     return tuple(
         compute_local_shape_and_global_offset(shape, mesh, placements, skip_offset=True)[0]
     )

@@ -218,7 +218,7 @@ def price(
     grouped: dict[tuple[Any, ...], _Grouped] = {}
     if router is not None:  # every network built up front, closed on worker threads
         grouped = _activation_edges(table)
-        router.prepare(
+        router.precompute(
             (rows, cols, key[-1].shape, key[-1].dtype_bytes)
             for key, (_, rows, _, cols) in grouped.items()
         )

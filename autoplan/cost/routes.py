@@ -240,10 +240,10 @@ class Router:
         dtype_bytes: int,
     ) -> RoutedEdge:
         """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring).
-        An edge :meth:`prepare` was not given gets a network of its own placements."""
+        An edge :meth:`precompute` was not given gets a network of its own placements."""
         key = (self.pricer.ids(rows), self.pricer.ids(cols), shape, dtype_bytes)
-        if key not in self._edges:  # not prepared: built here, in this thread
-            self.prepare([(rows, cols, shape, dtype_bytes)])
+        if key not in self._edges:  # not precomputed: built here, in this thread
+            self.precompute([(rows, cols, shape, dtype_bytes)])
         return self._edges[key]
 
     def _canonical(self, shape: tuple[int, ...]) -> tuple[list[Placements], tuple[int, ...]]:
@@ -252,7 +252,7 @@ class Router:
             self._canon[shape] = (states, self.pricer.ids(states))
         return self._canon[shape]
 
-    def prepare(
+    def precompute(
         self,
         edges: Iterable[tuple[Sequence[Placements], Sequence[Placements], tuple[int, ...], int]],
     ) -> None:
@@ -356,7 +356,7 @@ class Router:
         return direct
 
 
-# Threads that close networks while the planner's thread prices the next (Router.prepare).
+# Threads that close networks while the planner's thread prices the next (Router.precompute).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Networks of fewer states are closed in the planner's thread: on small arrays the
 # hand-over to a worker costs more than it saves (threshold tuned on the 70B plans, see

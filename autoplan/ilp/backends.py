@@ -262,7 +262,7 @@ def _write_start(x: np.ndarray, path: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def read_solution(
+def read_cbc_solution(
     path: str, num_cols: int, num_rows: int = 0
 ) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
     """Status word, column values, reduced costs and row duals from CBC's ``-solution``
@@ -354,7 +354,7 @@ def _run_cbc(job: _Job) -> RunResult:
         if code != 0 or not os.path.exists(sol):
             tail = "\n".join(output.splitlines()[-5:])
             raise RuntimeError(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
-        status, x, dj, y = read_solution(sol, m.num_cols, 0 if mip else m.num_rows)
+        status, x, dj, y = read_cbc_solution(sol, m.num_cols, 0 if mip else m.num_rows)
         stopped_by = _stop_reason(sol)
     if status == "infeasible" and ran_out:
         # CBC's preprocessing, cut short by -sec, can say "Integer infeasible" of a model it

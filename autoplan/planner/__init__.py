@@ -2,7 +2,7 @@
 
 In: the user's model, ``input_fn``, mesh and :class:`~autoplan.core.config.PlanConfig`.
 Out: a plan. :mod:`~autoplan.planner.pipeline` runs the stages in one call
-(:func:`autoplan.plan`); :mod:`~autoplan.planner.prepare` runs those before the solver
+(:func:`autoplan.plan`); :mod:`~autoplan.planner.front_end` runs those before the solver
 once for every tool; :mod:`~autoplan.planner.solve_mode` solves one checkpointing mode,
 :mod:`~autoplan.planner.readout` turns the solution into the plan's fields,
 :mod:`~autoplan.planner.transient` re-solves a plan whose transient peak is over budget,

@@ -3,7 +3,7 @@
 Input: an ``nn.Module`` (meta device is fine), a function returning global
 example inputs, a ``DeviceMesh`` (``autoplan.fake_mesh`` for planning) and a
 :class:`~autoplan.core.config.PlanConfig`. Output: a :class:`~autoplan.result.plan.Plan`.
-The stages before the solver are :func:`autoplan.planner.prepare.prepare`'s, the solve
+The stages before the solver are :func:`autoplan.planner.front_end.front_end`'s, the solve
 :mod:`autoplan.planner.solve_mode`'s; this module sequences them, times each phase and
 tells a progress callback as each starts.
 """
@@ -21,8 +21,8 @@ from autoplan.core.graph import fingerprint
 from autoplan.core.torch_adapter import DeviceMesh
 from autoplan.ilp.backends import check_solver
 from autoplan.planner.api_checks import check_plan_args
+from autoplan.planner.front_end import front_end
 from autoplan.planner.job import plan_on_one_rank
-from autoplan.planner.prepare import prepare
 from autoplan.planner.solve_mode import planned_mode, solve_mode
 from autoplan.planner.transient import reserve_transient
 from autoplan.result.plan import Plan
@@ -100,7 +100,7 @@ def plan(
         def timed(phase: str) -> Callable[[], None]:
             return _timed(timings, phase, progress)
 
-        with prepare(
+        with front_end(
             model,
             input_fn,
             mesh,

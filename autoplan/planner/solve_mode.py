@@ -1,6 +1,6 @@
 """Stages 4b-6 for one activation-checkpointing mode: the priced graph -> a Plan.
 
-Input: a :class:`Problem` (the traced graph, its strategy table and cost table, the
+Input: a :class:`~autoplan.planner.problem.PricedProblem` (the traced graph, its strategy table and cost table, the
 config and the placement constraints) and a checkpointing mode. Output: a
 :class:`~autoplan.result.plan.Plan`: the mode's recomputation priced
 (:mod:`autoplan.memory.recompute`), or with ``"auto"`` each layer's mode in the ILP
@@ -14,11 +14,9 @@ strategy table and price table; the planner only sequences the stages.
 
 from __future__ import annotations
 
-import functools
 import math
-import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,70 +29,19 @@ from autoplan.ilp.formulation.problem import InfeasibleError, plain_size
 from autoplan.ilp.reductions.followers import Reduction, collapse_followers
 from autoplan.ilp.reductions.tying import ROUNDS, Clustering, cluster
 from autoplan.ilp.solver.stage import solve_ilp
-from autoplan.memory.layer_modes import ModeChoice, layer_modes, mode_boundary
 from autoplan.memory.recompute import checkpointed, layer_names, recompute_set
+from autoplan.planner.problem import PricedProblem, Timer
 from autoplan.planner.readout import read_solution
 from autoplan.planner.solve_messages import infeasible, min_memory, status_message, too_small
 from autoplan.result.plan import Plan
 from autoplan.strategies.constraints import untie
-from autoplan.strategies.table import StrategyTable
 from autoplan.trace.capture import TracedGraph
 
-__all__ = ["Problem", "SolveClock", "Timer", "planned_mode", "solve_mode", "structure"]
-
-Timer = Callable[[str], Callable[[], None]]  # phase -> a function ending it
-
-
-class SolveClock:
-    """The user's ``time_limit_s`` over all the solves of one plan (the first and the
-    transient's re-solves): it bounds the plan, not each solve. Starts at the first read;
-    the only clock the solve stage reads."""
-
-    def __init__(self) -> None:
-        self._start: float | None = None
-
-    def left(self, limit_s: float | None) -> float | None:
-        """Seconds left of ``limit_s`` (None: no limit); may be <= 0."""
-        if limit_s is None:
-            return None
-        if self._start is None:
-            self._start = time.perf_counter()
-        return limit_s - (time.perf_counter() - self._start)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What every checkpointing mode's solve shares. ``allowed`` masks each constrained
-    node's strategies; ``pinned`` names the pinned nodes (never tied to a twin)."""
-
-    traced: TracedGraph
-    table: StrategyTable
-    costs: CostTable
-    config: PlanConfig
-    allowed: dict[str, np.ndarray]
-    pinned: set[str]
-    # each mode's solved ILP (with where its relaxation's ascent ended) and its tied
-    # count, for a solve again under a smaller budget
-    built: dict[Hashable, tuple[IlpModel, int]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    clock: SolveClock = field(default_factory=SolveClock, compare=False, repr=False)
-
-    @functools.cached_property
-    def mode_space(self) -> tuple[Reduction, ModeChoice]:
-        """``auto``'s follower reduction and its table with each layer's modes
-        (:mod:`autoplan.memory.layer_modes`), made once for its solve and the transient's."""
-        keep = set(self.allowed) | mode_boundary(self.traced)
-        reduction = (
-            collapse_followers(self.table, self.costs, keep=keep)
-            if self.config.collapse_followers
-            else Reduction.unreduced(self.costs)
-        )
-        return reduction, layer_modes(self.traced, self.table, self.costs, reduction)
+__all__ = ["planned_mode", "solve_mode", "structure"]
 
 
 def solve_mode(
-    problem: Problem,
+    problem: PricedProblem,
     mode: str | Mapping[str, str],
     base: dict[str, Any],
     timed: Timer,
@@ -141,7 +88,7 @@ def planned_mode(config: PlanConfig) -> str:
     return "none" if mode == "auto" and config.memory_budget_gib is None else mode
 
 
-def structure(problem: Problem, mode: str) -> tuple[Reduction, dict[str, str]]:
+def structure(problem: PricedProblem, mode: str) -> tuple[Reduction, dict[str, str]]:
     """What :func:`solve_mode` gives the solver for ``mode`` (a config's mode): the
     follower reduction and each node's twin (itself when untied), for ``explain`` to
     reason about the same groups."""
@@ -161,7 +108,9 @@ def structure(problem: Problem, mode: str) -> tuple[Reduction, dict[str, str]]:
     return reduced.reduction, {v: v for v in problem.table.nodes} | (tie or {})
 
 
-def _tying(problem: Problem, reduced: _Reduced) -> tuple[Clustering | None, dict[str, str] | None]:
+def _tying(
+    problem: PricedProblem, reduced: _Reduced
+) -> tuple[Clustering | None, dict[str, str] | None]:
     """The twin classes of ``reduced`` and each node's representative, pinned nodes on
     their own (none when ``cluster_layers`` is off)."""
     if not problem.config.cluster_layers:
@@ -170,7 +119,7 @@ def _tying(problem: Problem, reduced: _Reduced) -> tuple[Clustering | None, dict
     return clustering, untie(clustering.rep, problem.pinned)
 
 
-def _uniform(problem: Problem, mode: str | Mapping[str, str], costs: CostTable) -> _Reduced:
+def _uniform(problem: PricedProblem, mode: str | Mapping[str, str], costs: CostTable) -> _Reduced:
     """One mode's reduced table: the follower reduction of its priced recomputation."""
     reduction = (
         collapse_followers(problem.table, costs, keep=set(problem.allowed))
@@ -181,7 +130,7 @@ def _uniform(problem: Problem, mode: str | Mapping[str, str], costs: CostTable) 
     return _Reduced(reduction, problem.allowed, costs, _label(mode), key=key)
 
 
-def _auto(problem: Problem) -> _Reduced:
+def _auto(problem: PricedProblem) -> _Reduced:
     """``auto``'s reduced table: the layers' modes in the roots' strategies."""
     reduction, space = problem.mode_space
     return _Reduced(
@@ -197,7 +146,9 @@ def _auto(problem: Problem) -> _Reduced:
     )
 
 
-def _solve_auto(problem: Problem, base: dict[str, Any], timed: Timer, *, reserve: float) -> Plan:
+def _solve_auto(
+    problem: PricedProblem, base: dict[str, Any], timed: Timer, *, reserve: float
+) -> Plan:
     """:func:`solve_mode` with the mode of each layer in the ILP, the plan read out of its
     exact recomputation."""
     traced, table, config = problem.traced, problem.table, problem.config
@@ -256,11 +207,11 @@ class _Reduced:
     plain: CostTable
     label: str
     tie_rounds: int = ROUNDS
-    key: Hashable | None = None  # where Problem.built keeps its ILP (None: not kept)
+    key: Hashable | None = None  # where PricedProblem.built keeps its ILP (None: not kept)
 
 
 def _solve_reduced(
-    problem: Problem, reduced: _Reduced, base: dict[str, Any], timed: Timer, reserve: float
+    problem: PricedProblem, reduced: _Reduced, base: dict[str, Any], timed: Timer, reserve: float
 ) -> tuple[dict[str, int], str, dict[str, Any]] | Plan:
     """Tie, build and solve the ILP of ``reduced``: its choice per reduced node, the
     status and ``base`` with the ILP's sizes and message; or an infeasible plan."""
@@ -334,7 +285,7 @@ def _solve_reduced(
     return solution.choice, solution.status, base
 
 
-def _built(problem: Problem, reduced: _Reduced, budget: float | None) -> tuple[IlpModel, int]:
+def _built(problem: PricedProblem, reduced: _Reduced, budget: float | None) -> tuple[IlpModel, int]:
     """The ILP of ``reduced`` under ``budget`` and how many nodes it ties to a twin: the
     one built before for the same key with its memory row moved
     (:meth:`~autoplan.ilp.formulation.build.IlpModel.with_budget`) when it can be, else built."""

@@ -1,6 +1,6 @@
 """The transient's re-solve: a plan whose peak is over a budget that counts activations.
 
-Input: the solve stage's :class:`~autoplan.planner.solve_mode.Problem` and the plan
+Input: the solve stage's :class:`~autoplan.planner.problem.PricedProblem` and the plan
 :func:`~autoplan.planner.solve_mode.solve_mode` made. Output: that plan when its peak (what the
 budget caps plus the backward's transient) fits, else the mode solved again with room
 kept for the transient (on the ILP already built,
@@ -14,14 +14,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autoplan.planner.solve_mode import Problem, Timer, solve_mode
+from autoplan.planner.problem import PricedProblem, Timer
+from autoplan.planner.solve_mode import solve_mode
 from autoplan.result.plan import Plan
 
 __all__ = ["reserve_transient"]
 
 
 def reserve_transient(
-    problem: Problem, plan: Plan, mode: str, base: dict[str, Any], timed: Timer, rounds: int = 2
+    problem: PricedProblem,
+    plan: Plan,
+    mode: str,
+    base: dict[str, Any],
+    timed: Timer,
+    rounds: int = 2,
 ) -> Plan:
     """``plan`` when the budget does not count activations or its peak (the memory the
     budget caps plus the backward's transient peak) is within the budget. Otherwise its

@@ -30,7 +30,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.core.placements import Placements, fmt
-from autoplan.core.torch_adapter import isolated_trace, local_shape
+from autoplan.core.torch_adapter import isolated_trace, rank_local_shape
 from autoplan.cost.price import arrival
 from autoplan.runtime.bucket_program import (
     Bucket,
@@ -239,7 +239,7 @@ def lower(
 
     local_primals = [x.to_local() for x in primals_like]
     local_tangents = [
-        torch.empty(local_shape(outputs[i].shape, mesh, where), dtype=outputs[i].dtype)
+        torch.empty(rank_local_shape(outputs[i].shape, mesh, where), dtype=outputs[i].dtype)
         for i, where in tangent_specs
     ]
     with isolated_trace(), torch.no_grad():

@@ -33,7 +33,7 @@ from autoplan.core.errors import PlanError
 from autoplan.core.graph import fingerprint
 from autoplan.core.inputs import InputKey, call_form, label, match_call
 from autoplan.core.placements import Placements, fmt, shard_degrees
-from autoplan.core.torch_adapter import local_shape
+from autoplan.core.torch_adapter import rank_local_shape
 from autoplan.cost.price import arrival
 from autoplan.memory.recompute import with_recompute
 from autoplan.result.plan import Plan
@@ -235,7 +235,7 @@ def _cotangent(grad: Any, out: OutputSpec, mesh: DeviceMesh) -> torch.Tensor:
     """
     where = arrival(out.placements)
     if grad is None:
-        return torch.zeros(local_shape(out.shape, mesh, where), dtype=out.dtype)
+        return torch.zeros(rank_local_shape(out.shape, mesh, where), dtype=out.dtype)
     if not isinstance(grad, DTensor):  # a full gradient: every rank holds all of it
         grad = DTensor.from_local(grad, mesh, [Replicate()] * mesh.ndim, run_check=False)
     if tuple(grad.placements) != where:

@@ -39,7 +39,7 @@ _RULES = (
 )
 
 
-def param_kind(fqn: str) -> str:
+def layer_kind(fqn: str) -> str:
     """``layers.0.attention_norm.weight`` -> norm; ``layers.1.feed_forward.w2.weight`` -> feed_forward."""
     for kind, pattern in _RULES:
         if re.search(pattern, fqn):
@@ -51,7 +51,7 @@ def node_kinds(traced: TracedGraph) -> dict[str, str]:
     """Kind of every graph node (see the module docstring for the rule)."""
     nodes = [n for n in traced.gm.graph.nodes if n.op != "output"]
     kind_of_param = {
-        p: param_kind(f) for p, f in zip(traced.params, traced.param_fqns, strict=True)
+        p: layer_kind(f) for p, f in zip(traced.params, traced.param_fqns, strict=True)
     }
     users = {n.name: [u.name for u in n.users if u.op != "output"] for n in nodes}
     inputs = {n.name: [a.name for a in n.all_input_nodes] for n in nodes}

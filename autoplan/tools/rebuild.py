@@ -8,7 +8,7 @@ and the follower/tie structure the solver worked with.
 Why: a plan JSON keeps placements and totals, not the model or the prices.
 ``explain`` and the per-kind chart need every node's price under every
 strategy, so they run the stages before the solver again through
-:func:`autoplan.planner.prepare.prepare`, the function the planner runs, and find each
+:func:`autoplan.planner.front_end.front_end`, the function the planner runs, and find each
 node's chosen strategy by its placements in short form. A plan made from another
 run file (mesh, model, options), or whose parameter placements disagree with its
 nodes' (a file edited in one place), is refused with a message naming what differs.
@@ -29,8 +29,9 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.memory.recompute import checkpointed
-from autoplan.planner.prepare import prepare
-from autoplan.planner.solve_mode import Problem, planned_mode, structure
+from autoplan.planner.front_end import front_end
+from autoplan.planner.problem import PricedProblem
+from autoplan.planner.solve_mode import planned_mode, structure
 from autoplan.result.plan import Plan
 from autoplan.strategies.table import Strategy, StrategyTable
 from autoplan.tools.run_plan import run_arguments
@@ -176,15 +177,15 @@ def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -
 
 
 def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
-    """Prepare ``run`` again as the planner did (:func:`autoplan.planner.prepare.prepare`) and read
+    """Prepare ``run`` again as the planner did (:func:`autoplan.planner.front_end.front_end`) and read
     ``plan``'s choice into it."""
     arguments = run_arguments(run)  # the model built once, for the check and the trace
     check_matches(run, plan, plan_source, arguments["model"])
-    with prepare(**arguments) as problem:
+    with front_end(**arguments) as problem:
         return _read_back(run, plan, plan_source, problem)
 
 
-def _read_back(run: Run, plan: Plan, plan_source: str, problem: Problem) -> Rebuilt:
+def _read_back(run: Run, plan: Plan, plan_source: str, problem: PricedProblem) -> Rebuilt:
     """``plan``'s choice in ``problem``, priced with the plan's recomputation, and the
     groups and twins the solver had."""
     traced, table, config = problem.traced, problem.table, problem.config

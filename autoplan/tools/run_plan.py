@@ -2,7 +2,7 @@
 
 Input: a :class:`~autoplan.tools.runfile.Run` (a run file read and checked). Output: its
 :class:`~autoplan.result.plan.Plan` (:func:`run_plan`), or the arguments that
-:func:`autoplan.plan` and :func:`autoplan.planner.prepare.prepare` take for it
+:func:`autoplan.plan` and :func:`autoplan.planner.front_end.front_end` take for it
 (:func:`run_arguments`). Why apart from :mod:`autoplan.tools.cli`: every tool that plans or
 re-prices a run file builds its model, inputs, planning mesh and constraints here, so
 they cannot differ; the CLI only parses arguments and prints.
@@ -24,7 +24,7 @@ __all__ = ["run_arguments", "run_plan"]
 
 def run_arguments(run: Run) -> dict[str, Any]:
     """The model (on the meta device), ``input_fn``, planning mesh, config and constraints
-    of ``run``, keyed as :func:`autoplan.plan` and :func:`autoplan.planner.prepare.prepare` take
+    of ``run``, keyed as :func:`autoplan.plan` and :func:`autoplan.planner.front_end.front_end` take
     them."""
     return {
         "model": run.build_model(),

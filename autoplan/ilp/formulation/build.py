@@ -59,7 +59,7 @@ import numpy as np
 
 from autoplan.cost.price import CostTable
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT, Emitted, emit
-from autoplan.ilp.formulation.problem import Problem, lower, simplify
+from autoplan.ilp.formulation.problem import Problem, build_problem, simplify
 from autoplan.ilp.formulation.prune import prune_dominated
 
 
@@ -147,7 +147,7 @@ def build_ilp(
     Raises :class:`~autoplan.ilp.formulation.problem.InfeasibleError` (a ValueError) naming
     the node or edge when the constraints alone leave no plan.
     """
-    p = lower(
+    p = build_problem(
         costs,
         allowed=allowed,
         tie=tie,

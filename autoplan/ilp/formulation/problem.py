@@ -106,7 +106,7 @@ class Problem:
         return out
 
 
-def lower(
+def build_problem(
     costs: CostTable,
     *,
     allowed: Mapping[str, np.ndarray] | None = None,

@@ -3,7 +3,7 @@
 Stages 1-4: trace -> rewrite -> strategies -> placement constraints -> cost. Input:
 what :func:`autoplan.plan` takes (the model, ``input_fn``, the mesh, the config, the
 input and output placements, the pins, ``loss_fn``) and a timer. Output: a
-:class:`~autoplan.planner.solve_mode.Problem` (the rewritten graph, its strategy table, its
+:class:`~autoplan.planner.problem.PricedProblem` (the rewritten graph, its strategy table, its
 cost table, the config and the constraint masks), yielded inside a ``with`` block
 that keeps the traced heap out of the garbage collector's passes.
 
@@ -26,7 +26,7 @@ from torch import nn
 from autoplan.core.config import PlanConfig
 from autoplan.core.torch_adapter import DeviceMesh
 from autoplan.cost.price import price
-from autoplan.planner.solve_mode import Problem, Timer
+from autoplan.planner.problem import PricedProblem, Timer
 from autoplan.rewrite import rewrite
 from autoplan.strategies.constraints import (
     InputPlacements,
@@ -37,16 +37,16 @@ from autoplan.strategies.constraints import (
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.trace.capture import LossFn, trace_joint
 
-__all__ = ["prepare", "untimed"]
+__all__ = ["front_end", "untimed"]
 
 
 def untimed(phase: str) -> Callable[[], None]:
-    """A :data:`~autoplan.planner.solve_mode.Timer` that times nothing."""
+    """A :data:`~autoplan.planner.problem.Timer` that times nothing."""
     return lambda: None
 
 
 @contextlib.contextmanager
-def prepare(
+def front_end(
     model: nn.Module,
     input_fn: Callable[[], Any],
     mesh: DeviceMesh,
@@ -57,9 +57,9 @@ def prepare(
     pins: Mapping[str, PinSpec] | None = None,
     loss_fn: LossFn | None = None,
     timed: Timer = untimed,
-) -> Iterator[Problem]:
+) -> Iterator[PricedProblem]:
     """Trace ``model`` on ``input_fn``'s inputs, rewrite, enumerate, constrain and price it
-    on ``mesh``; yield the :class:`~autoplan.planner.solve_mode.Problem`. ``timed(phase)`` is
+    on ``mesh``; yield the :class:`~autoplan.planner.problem.PricedProblem`. ``timed(phase)`` is
     called as each phase starts and its result when it ends."""
     done = timed("trace")
     traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=config.param_torch_dtype)
@@ -85,7 +85,7 @@ def prepare(
             routes=config.routes,
         )
         done()
-        yield Problem(traced, table, costs, config, allowed, pinned)
+        yield PricedProblem(traced, table, costs, config, allowed, pinned)
 
 
 @contextlib.contextmanager

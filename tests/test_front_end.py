@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.planner import prepare as prepare_module
+from autoplan.planner import front_end as front_end_module
 from autoplan.planner import solve_mode as solve_stage
 from autoplan.tools.cli import main
 from autoplan.tools.compare import compare
@@ -77,13 +77,13 @@ def test_rebuild_has_the_solvers_merged_groups_and_twins(tmp_path, monkeypatch, 
         assert all(v == pinned for v, r in rb.twin.items() if r == pinned)
 
 
-def test_plan_explain_and_compare_trace_through_prepare(tmp_path, monkeypatch, capsys):
-    """plan, explain and compare --out each reach the trace only through prepare: one
+def test_plan_explain_and_compare_trace_through_the_front_end(tmp_path, monkeypatch, capsys):
+    """plan, explain and compare --out each reach the trace only through front_end: one
     trace per plan and one per re-pricing."""
     traces = []
-    trace = prepare_module.trace_joint
+    trace = front_end_module.trace_joint
     monkeypatch.setattr(
-        prepare_module, "trace_joint", lambda *a, **k: traces.append(1) or trace(*a, **k)
+        front_end_module, "trace_joint", lambda *a, **k: traces.append(1) or trace(*a, **k)
     )
     path = tmp_path / "run.yaml"
     path.write_text(TINY_RUN)
