@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.planner import front_end as front_end_module
+from autoplan.planner import problem as priced_problem
 from autoplan.planner import solve_mode as solve_stage
 from autoplan.tools.cli import main
 from autoplan.tools.compare import compare
@@ -47,7 +48,9 @@ class _Seen:
                 self.tie = dict(kwargs["tie"] or {})
             return build(*args, **kwargs)
 
+        # auto's reduction is made by the problem it is kept in, the others by the solve
         monkeypatch.setattr(solve_stage, "collapse_followers", collapse_seen)
+        monkeypatch.setattr(priced_problem, "collapse_followers", collapse_seen)
         monkeypatch.setattr(solve_stage, "build_ilp", build_seen)
 
 
