@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_steps import free_port, layout_pins, timed_ms  # scripts/gloo_steps.py
 from results_md import RESULTS, write_section  # scripts/results_md.py (the script's folder)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -78,12 +79,8 @@ def _pins(case: str, model: torch.nn.Module) -> dict[str, str]:
             out[fqn] = "R"
         elif case == "fsdp":
             out[fqn] = "S(0)"
-        elif any(f".{m}." in f".{fqn}" for m in COLWISE):
-            out[fqn] = "S(0)S(0)"
-        elif any(f".{m}." in f".{fqn}" for m in ROWWISE):
-            out[fqn] = "S(0)S(1)"
         else:
-            out[fqn] = "S(0)R"
+            out[fqn] = layout_pins([fqn], COLWISE, ROWWISE)[fqn]
     return out
 
 
@@ -134,23 +131,13 @@ def _loss(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().mean()
 
 
-def _time_step(step) -> tuple[float, torch.Tensor]:
-    """One step's time (the slowest rank's, in ms) and its loss."""
-    dist.barrier()
-    start = time.perf_counter()
-    loss = step()
-    elapsed = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed) * 1e3, loss
-
-
 def _interleaved(steps: dict, n: int, warmup: int) -> dict[str, float]:
     """Median step time per side, the sides taking turns step by step (a machine whose
     speed drifts slows them alike)."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(warmup + n):
         for name, step in steps.items():
-            ms, _ = _time_step(step)
+            ms, _ = timed_ms(step)
             if i >= warmup:
                 times[name].append(ms)
     return {name: statistics.median(t) for name, t in times.items()}
@@ -192,7 +179,7 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
             opt = torch.optim.SGD(base.parameters(), lr=0.01)
             steps = {"base": _sgd_step(base, opt, lambda b=base, x=x_local: _loss(b(x)))}
             row = {}
-            _, loss = _time_step(steps["base"])
+            _, loss = timed_ms(steps["base"])
             # the wrappers' loss is this rank's rows' mean: the global one is the ranks' mean
             total = torch.tensor([_first_loss(loss)])
             dist.all_reduce(total)
@@ -204,7 +191,7 @@ def _worker(rank: int, port: int, cases: dict, opts: dict, compile: bool, out: s
                 key = "compiled" if compiled else "eager"
                 steps[key] = _sgd_step(pm, opt, lambda p=pm, x=x_local: _loss(p(x)))
                 # the first step traces and lowers (and compiles) once
-                ms, loss = _time_step(steps[key])
+                ms, loss = timed_ms(steps[key])
                 row[f"{key}_first_s"] = ms / 1e3
                 row[f"{key}_loss"] = _first_loss(loss)
             medians = _interleaved(steps, opts["steps"], opts["warmup"])
@@ -242,20 +229,12 @@ def main() -> None:
         print(f"planned {case} in {time.perf_counter() - start:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
-        port = _free_port()
+        port = free_port()
         opts = {"steps": args.steps, "warmup": args.warmup}
         mp.spawn(_worker, args=(port, plans, opts, args.compile, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
     write_section(args.out, "apply", _report(rows, args))
     print(f"wrote {args.out}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _report(rows: dict, args: argparse.Namespace) -> str:

@@ -44,13 +44,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_steps import free_port, layout_pins, timed_ms  # scripts/gloo_steps.py
 from results_md import RESULTS, ROOT, write_section  # scripts/results_md.py
 from scipy.stats import spearmanr
 from torch.distributed.device_mesh import init_device_mesh
@@ -122,19 +122,6 @@ def example(model: str, device: str = "cpu") -> torch.Tensor:
     return torch.randint(0, vocab, (BATCH, SEQ), generator=g).to(device)
 
 
-def _layout_pins(model: str, params: dict[str, torch.Size]) -> dict[str, str]:
-    colwise, rowwise = LAYOUT[model]
-    out = {}
-    for fqn in params:
-        if any(f".{m}." in f".{fqn}" for m in colwise):
-            out[fqn] = "S(0)S(0)"
-        elif any(f".{m}." in f".{fqn}" for m in rowwise):
-            out[fqn] = "S(0)S(1)"
-        else:
-            out[fqn] = "S(0)R"
-    return out
-
-
 def _random_pins(params: dict[str, torch.Size], seed: int) -> dict[str, str]:
     """Each parameter on each axis of (2, 2): replicated or sharded on a dim it divides
     into, drawn with ``seed``."""
@@ -159,7 +146,7 @@ def candidates(model: str) -> list[tuple[str, tuple, dict[str, str], float | Non
     out = [
         ("ddp", FLAT, dict.fromkeys(params, "R"), None),
         ("fsdp", FLAT, dict.fromkeys(params, "S(0)"), None),
-        ("tp", GRID, _layout_pins(model, params), None),
+        ("tp", GRID, layout_pins(params, *LAYOUT[model]), None),
         ("free-4", FLAT, {}, None),
         ("free", GRID, {}, None),
         ("free-b1", GRID, {}, 0.5),
@@ -227,23 +214,6 @@ def plan_all(model: str, topology) -> dict[str, Plan]:
     return plans
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(step: Callable[[], None], device: str) -> float:
-    """One step's time in ms, the slowest rank's."""
-    dist.barrier()
-    _sync(device)
-    start = time.perf_counter()
-    step()
-    _sync(device)
-    elapsed = torch.tensor([time.perf_counter() - start], device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed) * 1e3
-
-
 def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
     device = opts["device"]
     if device == "cuda":
@@ -278,7 +248,7 @@ def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
             times: dict[str, list[float]] = {name: [] for name in steps}
             for i in range(opts["warmup"] + opts["steps"]):
                 for name, step in steps.items():  # the candidates take turns
-                    ms = _timed(step, device)
+                    ms, _ = timed_ms(step, device)
                     if i >= opts["warmup"]:
                         times[name].append(ms)
             rows[model] = times
@@ -289,14 +259,6 @@ def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
@@ -416,7 +378,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
         opts = {"steps": args.steps, "warmup": args.warmup, "device": args.device}
-        mp.spawn(_worker, args=(_free_port(), work, opts, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
     medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}
     points = {
