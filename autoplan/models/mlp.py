@@ -6,11 +6,22 @@ so the best sharding is known by hand (column-parallel ``w1``, row-parallel ``w2
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autoplan.core.errors import PlanError
+
+
+@dataclass(frozen=True)
+class MLPArgs:
+    """A :class:`TinyMLP`'s arguments, as a run file's ``model.args`` gives them."""
+
+    dim: int = 64
+    hidden: int = 256
+    n_layers: int = 2
 
 
 class MLPBlock(nn.Module):
@@ -34,6 +45,11 @@ class TinyMLP(nn.Module):
             if value < 1:
                 raise PlanError(f"{name} ({value}) must be a positive integer.")
         self.layers = nn.ModuleList(MLPBlock(dim, hidden) for _ in range(n_layers))
+
+    @classmethod
+    def from_args(cls, args: MLPArgs) -> TinyMLP:
+        """The model of ``args``."""
+        return cls(args.dim, args.hidden, args.n_layers)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:

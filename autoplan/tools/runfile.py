@@ -6,7 +6,7 @@ file, the key, the value and what is allowed; never a traceback from inside.
 
 Schema::
 
-    model:    {name: llama3 | mlp, args: {...ModelArgs / TinyMLP fields}}
+    model:    {name: llama3 | mlp, args: {...ModelArgs / MLPArgs fields}}
               | {hf: gpt2 | llama | qwen2 | mistral, config: {...transformers config fields}}
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
@@ -31,17 +31,15 @@ import torch
 from torch import nn
 
 from autoplan.core.config import PlanConfig
-from autoplan.core.errors import RunFileError
+from autoplan.core.errors import PlanError, RunFileError
 from autoplan.core.placements import Placements, parse
 from autoplan.core.topology import Topology
 from autoplan.core.user_files import read_text
 from autoplan.models import hf
-from autoplan.models.llama3 import ModelArgs, Transformer
-from autoplan.models.mlp import TinyMLP
+from autoplan.models.registry import REFERENCE, model_kind
 from autoplan.tools import strict_yaml
 
 SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
-MODELS = ("llama3", "mlp")
 
 
 @dataclass(frozen=True)
@@ -72,26 +70,15 @@ class Run:
 
     def build_model(self) -> nn.Module:
         """The model on the meta device (no memory)."""
-        if self.hf_kind is not None:
-            try:
-                return hf.build_hf(self.hf_kind, self.model_args)
-            except hf.HFConfigError as exc:
-                raise RunFileError(f"{self.source}: model.config: {exc}") from exc
-        with torch.device("meta"):
-            if self.model_name == "llama3":
-                return Transformer(ModelArgs(**self.model_args))
-            return TinyMLP(**self.model_args)
+        try:
+            return model_kind(self.model_name).build(self.model_args)
+        except hf.HFConfigError as exc:
+            raise RunFileError(f"{self.source}: model.config: {exc}") from exc
 
     def input_fn(self) -> Callable[[], torch.Tensor]:
-        """Global example inputs: token ids (batch, seq) for language models."""
-        if self.hf_kind is not None:
-            vocab = hf.make_config(self.hf_kind, self.model_args).vocab_size
-            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
-        if self.model_name == "llama3":
-            vocab = ModelArgs(**self.model_args).vocab_size
-            return lambda: torch.randint(0, vocab, (self.batch, self.seq))
-        dim = self.model_args.get("dim", 64)
-        return lambda: torch.randn(self.batch, self.seq, dim)
+        """Global example inputs: token ids (batch, seq) for language models, features
+        (batch, seq, dim) for the MLP."""
+        return model_kind(self.model_name).inputs(self.model_args, self.batch, self.seq)
 
 
 def _err(source: str, key: str, value: Any, allowed: str) -> RunFileError:
@@ -175,15 +162,16 @@ def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
     config = model.get("config", {}) or {}
     if not isinstance(config, dict):
         raise _err(source, "model.config", config, "expected a mapping of config fields")
+    entry = model_kind(f"hf:{kind}")
     try:
-        allowed = hf.config_keys(kind)
+        allowed = entry.keys()
         for k in config:
             if k not in allowed:
                 raise RunFileError(
                     f"{source}: unknown key model.config.{k} for hf: {kind}; "
                     f"allowed: {', '.join(allowed)}"
                 )
-        hf.make_config(kind, config)
+        entry.check(config)
     except hf.HFConfigError as exc:
         raise RunFileError(f"{source}: model.config: {exc}") from exc
     return f"hf:{kind}", config
@@ -197,25 +185,21 @@ def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str,
             "a reference model takes model.name and model.args"
         )
     name = model.get("name", "llama3")
-    if name not in MODELS:
-        raise _err(source, "model.name", name, f"allowed: {', '.join(MODELS)}, or model.hf")
+    if name not in REFERENCE:
+        raise _err(source, "model.name", name, f"allowed: {', '.join(REFERENCE)}, or model.hf")
     args = model.get("args", {}) or {}
     if not isinstance(args, dict):
         raise _err(source, "model.args", args, "expected a mapping of model arguments")
-    allowed = (
-        [f.name for f in dataclasses.fields(ModelArgs)]
-        if name == "llama3"
-        else ["dim", "hidden", "n_layers"]
-    )
+    kind = REFERENCE[name]
+    allowed = kind.keys()
     for k in args:
         if k not in allowed:
             raise RunFileError(
                 f"{source}: unknown key model.args.{k}; allowed: {', '.join(allowed)}"
             )
     try:
-        with torch.device("meta"):
-            ModelArgs(**args) if name == "llama3" else TinyMLP(**args)
-    except (TypeError, ValueError) as exc:
+        kind.check(args)
+    except PlanError as exc:
         raise RunFileError(f"{source}: model.args: {exc}") from exc
     return name, args
 
@@ -247,25 +231,15 @@ def _parse(raw: dict[str, Any], source: str) -> Run:
     inputs = _section(raw, "inputs", source, ("batch", "seq", "placements"))
     batch = _int(source, "inputs.batch", inputs.get("batch", 8))
     seq = _int(source, "inputs.seq", inputs.get("seq", 32))
-    if name.startswith("hf:"):
-        kind = name.removeprefix("hf:")
-        limit = hf.position_limit(kind, hf.make_config(kind, args))
-        if limit is not None and seq > limit:
-            raise _err(
-                source,
-                "inputs.seq",
-                seq,
-                f"at most {limit}, the model's learned position table (model.config.n_positions); "
-                "raise n_positions or shorten seq",
-            )
-    if name == "llama3":
-        limit = ModelArgs(**args).max_seq_len
-        if seq > limit:
-            raise _err(
-                source, "inputs.seq", seq,
-                f"at most {limit}, the model's rotary table (model.args.max_seq_len); "
-                "raise max_seq_len or shorten seq",
-            )  # fmt: skip
+    found = model_kind(name).seq_limit(args)
+    if found is not None and seq > found[0]:
+        limit, what, key = found
+        raise _err(
+            source,
+            "inputs.seq",
+            seq,
+            f"at most {limit}, {what} ({key}); raise {key.rpartition('.')[2]} or shorten seq",
+        )
     specs = inputs.get("placements")
     placements: tuple[Placements, ...] = ()
     if specs is not None:
