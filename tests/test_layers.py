@@ -90,3 +90,4 @@ def test_the_top_level_holds_few_modules_and_each_folder_says_what_it_is():
     for folder in ORDER:
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
         assert doc and len(doc.split()) >= 15, f"autoplan/{folder}/__init__.py needs a docstring"
+        assert "May import" in doc, f"autoplan/{folder}/__init__.py: say what it may import"

@@ -14,6 +14,8 @@ Pipeline position: beside the planner; its output, a topology YAML (or a
 - :mod:`~autoplan.calibrate.command`: the ``autoplan calibrate`` command under torchrun.
 
 docs/calibrate.md explains the model and how to read the fits' errors.
+
+May import: every folder below it, the runtime's buffer release among them; never the tools.
 """
 
 from autoplan.calibrate.run import calibrate

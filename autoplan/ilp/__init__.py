@@ -17,4 +17,7 @@ Run order, one sub-package each:
 :mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share, and
 :mod:`~autoplan.ilp.backends` the solvers (CBC, HiGHS) that the bound's LP and the MIP
 both run, with :mod:`~autoplan.ilp.owned_process` owning CBC's child process.
+
+May import: :mod:`autoplan.core` and :mod:`autoplan.cost` (the cost table it is built
+from); nothing of the memory model, the planner or later.
 """

@@ -3,6 +3,8 @@
 Input: a :class:`~autoplan.trace.capture.TracedGraph` and the ``mm_mode``. Output: a
 TracedGraph whose graph has been rewritten (``"einsum"``: nn.Linear's
 ``view -> mm -> view`` becomes ``einsum``) or left as traced (``"native"``).
+
+May import: :mod:`autoplan.core` and :mod:`autoplan.trace`.
 """
 
 from __future__ import annotations
