@@ -260,3 +260,11 @@ def local_fraction(placements: Sequence[Placement], mesh_shape: Sequence[int]) -
 
 def num_elements(shape: Sequence[int]) -> int:
     return math.prod(shape)
+
+
+def cotangent_placements(placements: Placements) -> Placements:
+    """Where the cotangent of an output placed ``placements`` arrives: the same shards,
+    and replicated where the output is a partial sum (its every term has that gradient)."""
+    if not any(p.is_partial() for p in placements):
+        return placements
+    return tuple(Replicate() if p.is_partial() else p for p in placements)

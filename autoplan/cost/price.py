@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 from torch import fx
 
-from autoplan.core.placements import Placements
+from autoplan.core.placements import Placements, cotangent_placements
 from autoplan.core.topology import Topology
-from autoplan.core.torch_adapter import Replicate
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
@@ -41,14 +40,6 @@ from autoplan.trace.capture import TracedGraph
 
 GRAD_SLOT = -1
 TANGENT_SLOT = -2
-
-
-def arrival(placements: Placements) -> Placements:
-    """Where the cotangent of an output placed ``placements`` arrives: the same shards,
-    and replicated where the output is a partial sum (its every term has that gradient)."""
-    if not any(p.is_partial() for p in placements):
-        return placements
-    return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
 @dataclass(frozen=True)
@@ -298,7 +289,7 @@ def price(
                 0,
                 tangent,
                 TANGENT_SLOT,
-                [arrival(s.outs[0]) for s in out.strategies],
+                [cotangent_placements(s.outs[0]) for s in out.strategies],
                 [s.outs[0] for s in t.strategies],
                 info,
             )

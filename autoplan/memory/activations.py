@@ -27,9 +27,9 @@ import numpy as np
 from torch import fx
 
 from autoplan.core.graph import forward_part, is_tensor_node, source_name
+from autoplan.core.placements import cotangent_placements
 from autoplan.cost.buckets import GRAD_SLOT, RESHAPING, TailBucket, op_name
 from autoplan.cost.compute import placements_bytes
-from autoplan.cost.price import arrival
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace.capture import TracedGraph
 
@@ -100,7 +100,7 @@ def activation_memory(
 def cotangent_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np.ndarray]:
     """Bytes per device of each differentiable output's gradient as the backward program
     receives it, under each strategy of the output's node: the output's local size where
-    its cotangent arrives (:func:`~autoplan.cost.price.arrival`: its placement, a partial
+    its cotangent arrives (:func:`~autoplan.core.placements.cotangent_placements`: its placement, a partial
     sum's as replicated). It is held from the loss's backward to the end of the plan's
     backward (the backward program's arguments); a loss outside is assumed to hand it
     there and to keep nothing else (docs/memory.md)."""
@@ -112,7 +112,9 @@ def cotangent_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np.
         assert info is not None
         out[name] = np.array(
             [
-                placements_bytes(info.shape, info.dtype_bytes, arrival(s.outs[0]), table.mesh_shape)
+                placements_bytes(
+                    info.shape, info.dtype_bytes, cotangent_placements(s.outs[0]), table.mesh_shape
+                )
                 for s in ns.strategies
             ],
             dtype=np.float64,
@@ -211,7 +213,7 @@ def _moved_cotangents(
         if tangent is None or name not in choice:
             continue
         planned = tangent.strategies[choice[name]].outs[0]
-        if planned == arrival(output.strategies[choice[output.name]].outs[0]):
+        if planned == cotangent_placements(output.strategies[choice[output.name]].outs[0]):
             continue
         readers = [order[u] for u in traced.node(name).users if u in order]
         info = tangent.out_tensors[0]

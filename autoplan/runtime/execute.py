@@ -192,7 +192,7 @@ class PlannedGraph:
         """Execute the graph; return the outputs and the gradient of each parameter FQN.
 
         ``tangents`` are the cotangents of the differentiable outputs (``traced.tangents``
-        order), placed where they arrive (:func:`autoplan.cost.price.arrival` of the
+        order), placed where they arrive (:func:`autoplan.core.placements.cotangent_placements` of the
         output's planned placement), or functions making them; each is made and moved to
         its planned placement just before the first op that reads it (the cotangent edge
         the cost model prices), so that a recorded step does all of the backward's work

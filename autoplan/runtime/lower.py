@@ -29,9 +29,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autoplan.core.placements import Placements, fmt
+from autoplan.core.placements import Placements, cotangent_placements, fmt
 from autoplan.core.torch_adapter import isolated_trace, rank_local_shape
-from autoplan.cost.price import arrival
 from autoplan.runtime.bucket_program import (
     Bucket,
     bucket_collectives,
@@ -84,7 +83,7 @@ class LoweredStep:
     traced graph's order, ``names``) and returns the output shards (placed as
     ``outputs`` say) followed by ``saved``; ``backward`` takes the saved values and
     each differentiable output's cotangent shard (placed as it arrives,
-    :func:`~autoplan.cost.price.arrival`) and returns the gradient shard of each
+    :func:`~autoplan.core.placements.cotangent_placements`) and returns the gradient shard of each
     parameter in ``grad_fqns``, in its parameter's placement and dtype; ``inference``
     is the forward without anything saved. ``deviations`` lists the nodes where
     DTensor made another placement than planned while the step was recorded (moved to
@@ -128,7 +127,7 @@ class LoweredStep:
     @property
     def tangent_placements(self) -> tuple[Placements, ...]:
         """Where each differentiable output's cotangent is expected to arrive."""
-        return tuple(arrival(o.placements) for o in self.outputs if o.differentiable)
+        return tuple(cotangent_placements(o.placements) for o in self.outputs if o.differentiable)
 
     @property
     def activation_bytes(self) -> int:
@@ -208,7 +207,7 @@ def lower(
     grad_fqns = tuple(f for f in t.param_fqns if f in t.grads)
     mesh = graph.mesh
     outputs = tuple(_output_spec(graph, i) for i in range(len(t.outputs)))
-    tangent_specs = [(i, arrival(outputs[i].placements)) for i in sorted(t.tangents)]
+    tangent_specs = [(i, cotangent_placements(outputs[i].placements)) for i in sorted(t.tangents)]
     primals_like = [*params, *buffers, *inputs]
 
     def wrap(local: torch.Tensor, like: DTensor) -> DTensor:

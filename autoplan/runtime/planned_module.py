@@ -32,9 +32,8 @@ from autoplan.core.config import DTYPES
 from autoplan.core.errors import PlanError
 from autoplan.core.graph import fingerprint
 from autoplan.core.inputs import InputKey, call_form, label, match_call
-from autoplan.core.placements import Placements, fmt, shard_degrees
+from autoplan.core.placements import Placements, cotangent_placements, fmt, shard_degrees
 from autoplan.core.torch_adapter import rank_local_shape
-from autoplan.cost.price import arrival
 from autoplan.memory.recompute import with_recompute
 from autoplan.result.plan import Plan
 from autoplan.rewrite import rewrite
@@ -233,7 +232,7 @@ def _cotangent(grad: Any, out: OutputSpec, mesh: DeviceMesh) -> torch.Tensor:
     sum's as replicated); one computed elsewhere is moved there (outside the plan), one
     that never came (the output did not reach the loss) is zero.
     """
-    where = arrival(out.placements)
+    where = cotangent_placements(out.placements)
     if grad is None:
         return torch.zeros(rank_local_shape(out.shape, mesh, where), dtype=out.dtype)
     if not isinstance(grad, DTensor):  # a full gradient: every rank holds all of it
