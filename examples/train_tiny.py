@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -90,15 +91,14 @@ def main() -> None:
         placed_labels = DTensor.from_local(labels, mesh, [Replicate()] * mesh.ndim)
         with CommCounter() as comm:
             logits = model(sharded.to_local())  # each rank passes its local shard
-            counted = comm.get_comm_counts()  # the forward program's collectives
+            counted = Counter(comm.get_comm_counts())  # the forward program's collectives
         # the loss on the logits DTensor, as a plain replicated tensor: DTensor reduces it
         # (its own collectives, outside the plan's and not counted)
         loss = cross_entropy(logits, placed_labels).full_tensor()
         with CommCounter() as comm:
             loss.backward()
             # every kind of either program: the backward runs kinds the forward does not
-            after = comm.get_comm_counts()
-            counted = {k: counted.get(k, 0) + after.get(k, 0) for k in {*counted, *after}}
+            counted += Counter(comm.get_comm_counts())
         opt.step()
         opt.zero_grad()
         if ref is not None:
