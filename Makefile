@@ -18,6 +18,7 @@ plan: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check autoplan tests scripts examples
 	$(VENV)/bin/ruff format --check autoplan tests scripts examples
+	$(VENV)/bin/mypy
 
 test: lint
 	$(VENV)/bin/pytest -q -m "not slow"
