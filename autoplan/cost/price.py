@@ -264,7 +264,7 @@ def price(
         copies = state_copies(fqn, traced, optimizer_states)
         memory[pname] = np.array(
             [
-                placements_bytes(info.shape, elem, s.outs[0], mesh_shape) * copies
+                placements_bytes(info.shape, elem, s.out(), mesh_shape) * copies
                 for s in ns.strategies
             ],
             dtype=np.float64,
@@ -298,7 +298,7 @@ def price(
                 0,
                 tangent,
                 TANGENT_SLOT,
-                [arrival(s.outs[0]) for s in out.strategies],
+                [arrival(s.out()) for s in out.strategies],
                 [s.outs[0] for s in t.strategies],
                 info,
             )
