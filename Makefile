@@ -30,4 +30,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
