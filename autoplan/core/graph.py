@@ -1,5 +1,5 @@
-"""Reading traced aten graphs: the tensor arguments of a node, its arguments mapped, and
-a digest of the whole graph.
+"""Reading traced aten graphs: the tensor arguments of a node, its arguments mapped or
+read one at a time as the type its op's schema gives, and a digest of the whole graph.
 
 Shared by the strategies and cost stages, which both replay a node's arguments
 with something in place of each tensor (metadata, candidate strategies, meta

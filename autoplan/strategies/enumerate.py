@@ -281,7 +281,7 @@ class _Enumerator:
         parent, index = arg_node(node, 0), arg_int(node, 1)
         src = self.nodes[parent.name]
         info = src.out_tensors[index]
-        assert info is not None, f"{node.name} reads output {index} of {parent.name}, no tensor"
+        assert info is not None, f"{node.name} reads output {index} of {parent.name}: not a tensor"
         seen: dict[Placements, None] = {}
         for s in src.strategies:
             p = s.outs[index]
