@@ -18,6 +18,7 @@ plan: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check autoplan tests scripts examples
 	$(VENV)/bin/ruff format --check autoplan tests scripts examples
+	$(VENV)/bin/mypy
 
 test: lint
 	$(VENV)/bin/pytest -q -m "not slow"
@@ -29,4 +30,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

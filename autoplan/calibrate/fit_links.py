@@ -104,4 +104,6 @@ def fit_collectives(
             links.setdefault(link, []).append((op, fit))
             predicted = [fit.time_us(op, s.nbytes, s.ranks) for s in mine]
             errors[f"{link}.{op}"] = relative_errors(predicted, [s.time_us for s in mine])
-    return CollectiveFits(**{k: tuple(v) for k, v in links.items()}), errors
+    return CollectiveFits(
+        intra=tuple(links.get("intra", ())), inter=tuple(links.get("inter", ()))
+    ), errors

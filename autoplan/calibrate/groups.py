@@ -45,7 +45,7 @@ class MeasuredGroup:
 def axis_runs(num_axes: int) -> list[tuple[int, ...]]:
     """Each single axis, then each run of two or more consecutive axes (the whole mesh
     last): the groups a plan's collectives use."""
-    runs = [(a,) for a in range(num_axes)]
+    runs: list[tuple[int, ...]] = [(a,) for a in range(num_axes)]
     for length in range(2, num_axes + 1):
         runs += [tuple(range(a, a + length)) for a in range(num_axes - length + 1)]
     return runs
@@ -98,6 +98,7 @@ def mesh_groups(mesh: DeviceMesh, ranks_per_node: int) -> Iterator[list[Measured
             if len(axes) == 1:
                 group = mesh.get_group(axes[0])
             elif ranks == world:
+                assert dist.group.WORLD is not None, "calibrate runs in a job with a default group"
                 group = dist.group.WORLD
             else:
                 group, subgroups = dist.new_subgroups_by_enumeration(group_ranks(shape, axes))

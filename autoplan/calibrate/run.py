@@ -137,16 +137,13 @@ def measure(
         link: max((f.busbw_gbps for _, f in getattr(fits, link)), default=None)
         for link in ("intra", "inter")
     }
-    measured_links = {
-        field: busbw[link]
-        for field, link in (("intra_node_gbps", "intra"), ("inter_node_gbps", "inter"))
-        if busbw[link] is not None
-    }
+    intra, inter, default = busbw["intra"], busbw["inter"], Topology()
     topology = Topology(
         device=measured_device,
         gpus_per_node=per_node,
-        nvls=device.type == "cuda" and Topology().nvls,  # a CPU has no NVLink SHARP
-        **measured_links,
+        nvls=device.type == "cuda" and default.nvls,  # a CPU has no NVLink SHARP
+        intra_node_gbps=default.intra_node_gbps if intra is None else intra,
+        inter_node_gbps=default.inter_node_gbps if inter is None else inter,
         collectives=fits if fits.intra or fits.inter else None,  # None: a job of one rank
         calibration=Calibration(
             date=date,

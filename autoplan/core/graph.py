@@ -1,5 +1,5 @@
-"""Reading traced aten graphs: the tensor arguments of a node, its arguments mapped, and
-a digest of the whole graph.
+"""Reading traced aten graphs: the tensor arguments of a node, its arguments mapped or
+read one at a time as the type its op's schema gives, and a digest of the whole graph.
 
 Shared by the strategies and cost stages, which both replay a node's arguments
 with something in place of each tensor (metadata, candidate strategies, meta
@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import fx
+
+from autoplan.core.torch_adapter import OpOverload
 
 
 def is_tensor_node(node: fx.Node) -> bool:
@@ -42,6 +44,56 @@ def tensor_args(node: fx.Node) -> list[fx.Node]:
     for a in (*node.args, *node.kwargs.values()):
         visit(a)
     return out
+
+
+# Typed reads of one positional argument. fx types every argument as the union of all
+# it may hold; the op's schema says which one it is, and these check it.
+
+
+def node_op(node: fx.Node) -> OpOverload:
+    """The aten op ``node`` calls (a ``call_function`` node of an aten graph)."""
+    op = node.target
+    assert isinstance(op, OpOverload), f"{node.name} calls {op!r}, not an aten op"
+    return op
+
+
+def arg_node(node: fx.Node, i: int) -> fx.Node:
+    """Argument ``i`` of ``node``, a graph node (a Tensor in the op's schema)."""
+    arg = node.args[i]
+    assert isinstance(arg, fx.Node), f"{node.name}: argument {i} is {arg!r}, not a node"
+    return arg
+
+
+def arg_nodes(node: fx.Node, i: int) -> list[fx.Node]:
+    """Argument ``i`` of ``node``, a list of graph nodes (a Tensor[] in the op's schema)."""
+    arg = node.args[i]
+    assert isinstance(arg, (list, tuple)) and all(isinstance(a, fx.Node) for a in arg), (
+        f"{node.name}: argument {i} is {arg!r}, not a list of nodes"
+    )
+    return [a for a in arg if isinstance(a, fx.Node)]
+
+
+def arg_int(node: fx.Node, i: int) -> int:
+    """Argument ``i`` of ``node``, a plain int (an int or dim in the op's schema)."""
+    arg = node.args[i]
+    assert isinstance(arg, int), f"{node.name}: argument {i} is {arg!r}, not an int"
+    return arg
+
+
+def arg_ints(node: fx.Node, i: int) -> list[int]:
+    """Argument ``i`` of ``node``, a list of plain ints (an int[] in the op's schema)."""
+    arg = node.args[i]
+    assert isinstance(arg, (list, tuple)) and all(isinstance(a, int) for a in arg), (
+        f"{node.name}: argument {i} is {arg!r}, not a list of ints"
+    )
+    return [a for a in arg if isinstance(a, int)]
+
+
+def arg_str(node: fx.Node, i: int) -> str:
+    """Argument ``i`` of ``node``, a string (an einsum equation, a group name)."""
+    arg = node.args[i]
+    assert isinstance(arg, str), f"{node.name}: argument {i} is {arg!r}, not a str"
+    return arg
 
 
 def map_args(obj: Any, fn: Callable[[fx.Node], Any]) -> Any:

@@ -158,8 +158,7 @@ def measured_time_us(
     """Microseconds for ``op`` on ``nbytes`` over a ``ranks_per_node`` x ``nodes`` group, from
     its measured fit; ``None`` when the topology measured no fit for that op and link class, so
     that the caller prices it with the NCCL-style model instead."""
-    fit = None if fits is None else fits.fit(op, nodes)
-    if fit is None:
+    if fits is None or (fit := fits.fit(op, nodes)) is None:
         return None
     alone = fit.time_us(op, nbytes, ranks_per_node * nodes)
     return alone + fits.sync_us if alone > 0 else 0.0  # a group of one waits for no one

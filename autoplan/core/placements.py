@@ -15,6 +15,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from autoplan.core.errors import PlanError
 from autoplan.core.torch_adapter import (
@@ -45,12 +46,16 @@ def _shards(p: Placement) -> tuple[bool, bool]:
     return found
 
 
+def _is_shard(p: Placement) -> TypeGuard[Shard | _StridedShard]:
+    return _shards(p)[0]
+
+
 def sharded_dim(p: Placement) -> int | None:
     """The tensor dim ``p`` shards (plain or strided), or None for R and P."""
-    return p.dim if _shards(p)[0] else None
+    return p.dim if _is_shard(p) else None
 
 
-def is_strided(p: Placement) -> bool:
+def is_strided(p: Placement) -> TypeGuard[_StridedShard]:
     """Whether ``p`` is a ``_StridedShard``."""
     return _shards(p)[1]
 
@@ -65,9 +70,9 @@ def plain(placements: Placements) -> Placements:
     spellings as one layout: priced as one, moved between by relabelling the local
     shard, no collective (:mod:`autoplan.runtime.execute`).
     """
-    if not any(_shards(p)[1] and p.split_factor == 1 for p in placements):
+    if not any(is_strided(p) and p.split_factor == 1 for p in placements):
         return placements
-    return tuple(Shard(p.dim) if _shards(p)[1] and p.split_factor == 1 else p for p in placements)
+    return tuple(Shard(p.dim) if is_strided(p) and p.split_factor == 1 else p for p in placements)
 
 
 # The reductions a partial placement may pend: DTensor's Partial.ALL_REDUCE_OPS and the
@@ -231,7 +236,7 @@ def is_even(
             continue
         if d >= len(shape):
             return False
-        step = size * p.split_factor if is_strided(p) else size
+        step = size * int(p.split_factor) if is_strided(p) else size
         if remaining[d] % step != 0:
             return False
         remaining[d] //= size

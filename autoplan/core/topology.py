@@ -216,10 +216,11 @@ _TOPOLOGIES: Mapping[str, Topology] = MappingProxyType(
     }
 )
 
-_DEVICE_TYPES = {f.name: f.type for f in dataclasses.fields(Device)}
+# Annotations are postponed (``from __future__ import annotations``): each f.type is its string.
+_DEVICE_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Device)}
 _DEVICE_REQUIRED = [f.name for f in dataclasses.fields(Device) if f.default is dataclasses.MISSING]
 _TOPOLOGY_TYPES = {
-    f.name: f.type
+    f.name: str(f.type)
     for f in dataclasses.fields(Topology)
     if f.name not in ("device", "collectives", "calibration")
 }

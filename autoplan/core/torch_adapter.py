@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -123,7 +123,7 @@ aten = torch.ops.aten
 
 
 def rank_local_shape(
-    shape: Sequence[int], mesh: DeviceMesh, placements: Sequence[Placement]
+    shape: tuple[int, ...], mesh: DeviceMesh, placements: Sequence[Placement]
 ) -> tuple[int, ...]:
     """This rank's shard shape of a tensor of global ``shape`` placed ``placements`` on
     ``mesh``, uneven shards included (the planner's even-shard shape over a mesh shape is
@@ -217,7 +217,7 @@ def tensor_meta(val: torch.Tensor) -> TensorMeta:
     return TensorMeta(val.shape, val.stride(), val.dtype)
 
 
-def is_masked_partial(p: Placement) -> bool:
+def is_masked_partial(p: Placement) -> TypeGuard[_MaskPartial]:
     """The vocab-parallel embedding's partial (a sum with a mask step before it)."""
     # By exact type, remembered per class: isinstance on torch 2.13's placement classes
     # goes through a slow metaclass check (see autoplan.core.placements).
@@ -249,7 +249,7 @@ def has_op_strategy(op: OpOverload) -> bool:
     return op in _propagator().op_strategy_funcs
 
 
-def _zero_cost(src: DTensorSpec, dst: DTensorSpec) -> float:
+def _zero_cost(current_spec: DTensorSpec, target_spec: DTensorSpec) -> float:
     return 0.0
 
 
@@ -313,7 +313,9 @@ def init_fake_process_group(world_size: int) -> None:
             )
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=world_size)
-    _PLANNING_GROUPS.add(dist.group.WORLD)
+    world = dist.group.WORLD
+    assert world is not None, "init_process_group sets the default group"
+    _PLANNING_GROUPS.add(world)
 
 
 def flatten_axes(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:

@@ -78,9 +78,12 @@ _PROTOCOLS = ("LL", "LL128", "Simple")
 
 # tuning.cc baseLat (us) per protocol (LL, LL128, Simple); NVLS and NVLS-Tree have none.
 _BASE_LAT = {"Ring": (6.6, 14.0, 8.4), "Tree": (6.8, 14.0, 8.4)}
-# tuning.cc hwLat (us per hop): NVLink rows and NET rows; NVLS/NVLS-Tree are Simple only.
-_NVLINK_HOP = {"Ring": (0.6, 1.9, 3.4), "Tree": (0.6, 1.25, 4.0), "NVLS": 25.0}
-_NET_HOP = {"Ring": (2.7, 4.0, 14.0), "Tree": (5.0, 8.5, 14.0), "NVLSTree": 14.0}
+# tuning.cc hwLat (us per hop): NVLink rows and NET rows per protocol; NVLS (an NVLink hop)
+# and NVLS-Tree (a NET hop) are Simple only, one figure each.
+_NVLINK_HOP = {"Ring": (0.6, 1.9, 3.4), "Tree": (0.6, 1.25, 4.0)}
+_NVLS_NVLINK_HOP = 25.0
+_NET_HOP = {"Ring": (2.7, 4.0, 14.0), "Tree": (5.0, 8.5, 14.0)}
+_NVLS_TREE_NET_HOP = 14.0
 _REF_NVLINK_HOP_US = 3.4  # the Ring/Simple NVLink hop the topology's latency rescales
 _REF_NET_HOP_US = 14.0  # the Ring/Simple NET hop
 _NET_OVERHEAD_US = 1.0  # getNetOverhead() on x86 Intel hosts; x3 for Simple
@@ -232,14 +235,12 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
     if topo.nvls and p > 1:
         nvls = topo.intra_node_gbps * NVLS_EFFICIENCY * p / (p + 1)
         if m == 1:
-            out.append(_candidate("NVLS", "Simple", _NVLINK_HOP["NVLS"] * nvl_scale, nvls))
+            out.append(_candidate("NVLS", "Simple", _NVLS_NVLINK_HOP * nvl_scale, nvls))
         else:
             # Heads exchange the node-reduced buffer over p NICs; inner tree nodes serve two
             # children as well as a parent, hence half the network rate beyond two nodes.
             network = p * nic if m <= 2 else p * nic / 2
-            latency = (
-                _NVLINK_HOP["NVLS"] * nvl_scale + 2 * log2_m * _NET_HOP["NVLSTree"] * net_scale
-            )
+            latency = _NVLS_NVLINK_HOP * nvl_scale + 2 * log2_m * _NVLS_TREE_NET_HOP * net_scale
             out.append(
                 _candidate("NVLSTree", "Simple", latency, min(nvls, network) * _NVLS_TREE_RATIO, m)
             )
@@ -247,9 +248,9 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
 
 
 def _is_size(nbytes: object) -> bool:
-    return (
-        isinstance(nbytes, numbers.Real) and not isinstance(nbytes, bool) and 0 <= nbytes < math.inf
-    )
+    if not isinstance(nbytes, numbers.Real) or isinstance(nbytes, bool):
+        return False
+    return 0 <= float(nbytes) < math.inf
 
 
 def _check(op: str, nbytes: float, p: int, m: int, dtype_bytes: int) -> None:

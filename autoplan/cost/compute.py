@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from autoplan.core.graph import map_args, static_args
+from autoplan.core.graph import map_args, node_op, static_args
 from autoplan.core.placements import Placements, local_shape, num_elements
 from autoplan.core.topology import Device
 from autoplan.cost.flops import op_flops
@@ -84,7 +84,8 @@ class ComputeModel:
         in_shapes: list[tuple[int, ...]],
         out_shapes: list[tuple[int, ...] | None],
     ) -> int:
-        op = _FLOP_ALIASES.get(node.target, node.target)
+        target = node_op(node)
+        op = _FLOP_ALIASES.get(target, target)
         static = self._static.get(node)
         if static is None:
             static = self._static[node] = static_args(node)

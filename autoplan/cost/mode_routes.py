@@ -55,7 +55,7 @@ class ModeRoutes(Routes):
             dst += [own + at, base.arc_dst + at]
             price += [np.zeros(n), base.arc_cost * scale]
         arcs = np.concatenate(src), np.concatenate(dst), np.concatenate(price)
-        return arcs if self.kept is None else tuple(a[self.kept] for a in arcs)  # type: ignore[return-value]
+        return arcs if self.kept is None else tuple(a[self.kept] for a in arcs)
 
     @property
     def arc_src(self) -> np.ndarray:  # type: ignore[override]

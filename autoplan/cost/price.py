@@ -255,7 +255,7 @@ def price(
         copies = state_copies(fqn, traced, optimizer_states)
         memory[pname] = np.array(
             [
-                placements_bytes(info.shape, elem, s.outs[0], mesh_shape) * copies
+                placements_bytes(info.shape, elem, s.out(), mesh_shape) * copies
                 for s in ns.strategies
             ],
             dtype=np.float64,
@@ -289,7 +289,7 @@ def price(
                 0,
                 tangent,
                 TANGENT_SLOT,
-                [cotangent_placements(s.outs[0]) for s in out.strategies],
+                [cotangent_placements(s.out()) for s in out.strategies],
                 [s.outs[0] for s in t.strategies],
                 info,
             )

@@ -141,8 +141,8 @@ def _run_highs(job: _Job) -> RunResult:
     lp.a_matrix_.index_ = m.index
     lp.a_matrix_.value_ = m.value
     if mip:
-        kinds = np.where(m.integer, highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous)
-        lp.integrality_ = kinds.tolist()
+        var = highspy.HighsVarType
+        lp.integrality_ = [var.kInteger if i else var.kContinuous for i in m.integer]
     h.passModel(lp)
     if mip and start is not None:
         sol = highspy.HighsSolution()

@@ -81,14 +81,13 @@ def activation_memory(
     shared: dict[tuple[Any, ...], np.ndarray] = {}  # twin nodes share their strategy tuple
     for name in saved_storage(traced, recompute):
         ns = table.nodes.get(name)
-        info = ns.out_tensors[0] if ns is not None and ns.out_tensors else None
-        if info is None:
+        if ns is None or not ns.out_tensors or (info := ns.out_tensors[0]) is None:
             continue
         key = (id(ns.strategies), info.shape, info.dtype_bytes)
         if key not in shared:
             shared[key] = np.array(
                 [
-                    placements_bytes(info.shape, info.dtype_bytes, s.outs[0], table.mesh_shape)
+                    placements_bytes(info.shape, info.dtype_bytes, s.out(), table.mesh_shape)
                     for s in ns.strategies
                 ],
                 dtype=np.float64,
@@ -113,7 +112,7 @@ def cotangent_memory(traced: TracedGraph, table: StrategyTable) -> dict[str, np.
         out[name] = np.array(
             [
                 placements_bytes(
-                    info.shape, info.dtype_bytes, cotangent_placements(s.outs[0]), table.mesh_shape
+                    info.shape, info.dtype_bytes, cotangent_placements(s.out()), table.mesh_shape
                 )
                 for s in ns.strategies
             ],
@@ -145,8 +144,8 @@ def backward_peak(
     """
     by_name = {n.name: n for n in traced.gm.graph.nodes}
     forward = forward_part([by_name[n] for n in traced.outputs])
-    param = dict(zip(traced.param_fqns, traced.params, strict=True))
-    param_of = {by_name[g]: param[f] for f, g in traced.grads.items()}
+    param_name = dict(zip(traced.param_fqns, traced.params, strict=True))
+    param_of = {by_name[g]: param_name[f] for f, g in traced.grads.items()}
     nodes = [n for n in traced.gm.graph.nodes if n not in forward and n.op == "call_function"]
     order = {n: i for i, n in enumerate(nodes)}
     last: dict[fx.Node, int] = {}
@@ -188,6 +187,7 @@ def backward_peak(
         returned += paid.get(i, 0.0)
         if n in param_of and n not in covered and ns is not None:
             info, param = ns.out_tensors[0], table.nodes[param_of[n]]
+            assert info is not None, f"gradient {n.name} is not a tensor"
             returned += nbytes(
                 info.shape, info.dtype_bytes, param.strategies[choice[param.name]].outs[0]
             )
@@ -213,7 +213,7 @@ def _moved_cotangents(
         if tangent is None or name not in choice:
             continue
         planned = tangent.strategies[choice[name]].outs[0]
-        if planned == cotangent_placements(output.strategies[choice[output.name]].outs[0]):
+        if planned == cotangent_placements(output.strategies[choice[output.name]].out()):
             continue
         readers = [order[u] for u in traced.node(name).users if u in order]
         info = tangent.out_tensors[0]

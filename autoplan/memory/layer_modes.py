@@ -168,9 +168,9 @@ def layer_modes(
             for v, mapping in group:
                 if v in again[k]:
                     time += at(mapping, costs.compute[v])
-                found = kept_bytes(v, k)
-                if found is not None:
-                    mem += at(mapping, found)
+                kept_here = kept_bytes(v, k)
+                if kept_here is not None:
+                    mem += at(mapping, kept_here)
                 if v in held:
                     mem += at(mapping, held[v])
             for e in folded[r] if r in widths else ():

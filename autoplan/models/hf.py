@@ -41,12 +41,15 @@ import dataclasses
 import importlib
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from autoplan.core.errors import PlanError
+
+if TYPE_CHECKING:  # an optional dependency ([hf]): imported at run time only when used
+    from transformers import PreTrainedModel
 
 KINDS: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
@@ -118,7 +121,7 @@ def _register_sdpa() -> None:
     AttentionMaskInterface.register(SDPA, _causal_mask)
 
 
-def _classes(kind: str) -> tuple[type, type]:
+def _classes(kind: str) -> tuple[type, type[nn.Module]]:
     if kind not in KINDS:
         raise HFConfigError(f"hf = {kind!r} is not a supported model; allowed: {', '.join(KINDS)}")
     lib = _transformers()
@@ -232,7 +235,7 @@ def _built(cls: type, name: str, cfg: Any, device: str | torch.device) -> nn.Mod
         raise HFConfigError(f"{name} cannot be built from this config: {exc}") from exc
 
 
-def prepare(model: nn.Module) -> nn.Module:
+def prepare(model: PreTrainedModel) -> PreTrainedModel:
     """Your own ``transformers`` causal LM, set up to plan and train as ``build_hf``'s are:
     no KV cache (``config.use_cache = False``) and, if it has an SDPA path, the
     ``autoplan_sdpa`` attention (plain causal attention left to SDPA's ``is_causal``,

@@ -267,6 +267,9 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """LLaMA-3 language model: token ids ``[B, S]`` to logits ``[B, S, vocab_size]``."""
 
+    freqs_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    freqs_sin: torch.Tensor
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args

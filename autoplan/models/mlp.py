@@ -7,6 +7,7 @@ so the best sharding is known by hand (column-parallel ``w1``, row-parallel ``w2
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -59,11 +60,11 @@ class TinyMLP(nn.Module):
         """
         generator = None
         if seed is not None:
-            device = self.layers[0].w1.weight.device
+            device = self._blocks()[0].w1.weight.device
             if device.type == "meta":  # meta tensors hold no data; any generator will do
                 device = torch.device("cpu")
             generator = torch.Generator(device=device).manual_seed(seed)
-        for layer in self.layers:
+        for layer in self._blocks():
             nn.init.normal_(layer.w1.weight, mean=0.0, std=0.02, generator=generator)
             nn.init.normal_(layer.w2.weight, mean=0.0, std=0.02, generator=generator)
 
@@ -71,3 +72,7 @@ class TinyMLP(nn.Module):
         for layer in self.layers:
             x = x + layer(x)
         return x
+
+    def _blocks(self) -> list[MLPBlock]:
+        # ModuleList is not generic: the checker cannot know __init__ fills it with MLPBlocks
+        return cast(list[MLPBlock], list(self.layers))

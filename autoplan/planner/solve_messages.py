@@ -82,6 +82,8 @@ def too_small(
         replace(costs, memory={p: costs.memory[p] for p in params if p in costs.memory}),
         allowed,
     )
+    budget = config.memory_budget_bytes
+    assert budget is not None, "only a memory budget makes a plan infeasible by memory"
     levers = ["raise the budget", "use a larger mesh"]
     held = f" and {reserve / 2**30:.4g} GiB for the backward's transient peak" if reserve else ""
     parts = "parameters + gradients + optimizer state"
@@ -95,7 +97,7 @@ def too_small(
     return (
         f"infeasible: memory_budget_gib ({config.memory_budget_gib}) is below the smallest "
         f"footprint any plan has on this mesh, {need / 2**30:.6g} GiB ({need:.0f} bytes) of "
-        f"{parts} per device{held}, {(need + reserve - config.memory_budget_bytes) / 2**30:.4g} "
+        f"{parts} per device{held}, {(need + reserve - budget) / 2**30:.4g} "
         f"GiB over (checkpointing: {mode}"
         + (", any mode per layer" if mode == "auto" else "")
         + f"); {', '.join(levers[:-1])} or {levers[-1]}."

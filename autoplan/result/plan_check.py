@@ -160,12 +160,13 @@ class _Reader:
             axes = f"{n} axes ({', '.join(self.axes)})"
             problem = f"has {len(parsed)} placements but the mesh has {axes}"
             self.fail(key, value, problem, f"give one placement per mesh axis, e.g. {example}")
-        for p in parsed if shape is not None else ():
-            d = sharded_dim(p)
-            if d is not None and d >= len(shape):
-                problem = f"shards dim {d} of a tensor with {len(shape)} dims {list(shape)}"
-                dims = f"dims 0..{len(shape) - 1}" if shape else "no dim (a scalar)"
-                self.fail(key, value, problem, f"shard {dims}, e.g. {example}")
+        if shape is not None:
+            for p in parsed:
+                d = sharded_dim(p)
+                if d is not None and d >= len(shape):
+                    problem = f"shards dim {d} of a tensor with {len(shape)} dims {list(shape)}"
+                    dims = f"dims 0..{len(shape) - 1}" if shape else "no dim (a scalar)"
+                    self.fail(key, value, problem, f"shard {dims}, e.g. {example}")
         return parsed
 
     # -- the plan --------------------------------------------------------------------

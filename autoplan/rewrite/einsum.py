@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from autoplan.core.graph import arg_int, arg_ints, arg_node, arg_nodes, arg_str
 from autoplan.core.torch_adapter import FakeTensor, FakeTensorMode, extract_tensor_metadata
 
 __all__ = ["RewriteStats", "rewrite_linear_to_einsum"]
@@ -249,7 +250,7 @@ def _absorb_transposes(graph: Graph, einsum: Node, cache: dict) -> None:
         (user,) = einsum.users
         if _transpose_input_or_none(user) is not einsum:
             return
-        inputs, out = einsum.args[0].split("->")
+        inputs, out = arg_str(einsum, 0).split("->")
         einsum.args = (f"{inputs}->{out[::-1]}", einsum.args[1])
         _set_val(einsum, had_tensor_meta="tensor_meta" in einsum.meta, cache=cache)
         user.replace_all_uses_with(einsum)
@@ -262,7 +263,7 @@ def _set_val(einsum: Node, *, had_tensor_meta: bool, cache: dict) -> None:
     Identical layers ask the same question; ``cache`` (owned by one rewrite
     call) answers each (equation, layouts, mode) once: a fake einsum costs ms.
     """
-    equation, operands = einsum.args
+    equation, operands = arg_str(einsum, 0), arg_nodes(einsum, 1)
     vals = [node.meta["val"] for node in operands]
     mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None) or FakeTensorMode()
     key = (equation, id(mode), tuple((tuple(v.shape), v.stride(), v.dtype) for v in vals))
@@ -299,7 +300,7 @@ def _flatten_input(view: Node) -> tuple[Node, tuple[int, ...]]:
     """The input ``x`` and batch dims of a canonical ``view([*b, K] -> [prod b, K])``."""
     if view.target not in _VIEWS:
         raise _Skip(f"{view.name} ({_kind(view)}) is not a flatten view")
-    src = view.args[0]
+    src = arg_node(view, 0)
     in_shape, out_shape = _shape(src), _shape(view)
     if len(in_shape) < 3:
         raise _Skip(f"{src.name} has rank {len(in_shape)}: nothing to unflatten (rank >= 3)")
@@ -321,13 +322,13 @@ def _transpose_input(node: Node) -> Node:
     if len(_shape(node)) != 2:
         raise _Skip(f"{node.name} is not 2-D")
     if node.target is aten.permute.default:
-        dims = [d % 2 for d in node.args[1]]
-        if dims != [1, 0]:
-            raise _Skip(f"{node.name} permutes dims {list(node.args[1])}, not [1, 0]")
+        dims = arg_ints(node, 1)
+        if [d % 2 for d in dims] != [1, 0]:
+            raise _Skip(f"{node.name} permutes dims {dims}, not [1, 0]")
     elif node.target is aten.transpose.int:
-        if {node.args[1] % 2, node.args[2] % 2} != {0, 1}:
+        if {arg_int(node, 1) % 2, arg_int(node, 2) % 2} != {0, 1}:
             raise _Skip(f"{node.name} transposes dims {list(node.args[1:])}, not (0, 1)")
-    return node.args[0]
+    return arg_node(node, 0)
 
 
 def _transpose_input_or_none(node: object) -> Node | None:

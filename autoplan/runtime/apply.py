@@ -271,13 +271,14 @@ def shard_inputs(
         check_mesh(placements, mesh)
         placements = _keyed_placements(placements, keys)
     elif isinstance(placements, Mapping):
-        absent = [k for k in keys if k not in placements]
+        by_key: dict[InputKey, Sequence[Placement] | str] = dict(placements.items())
+        absent = [k for k in keys if k not in by_key]
         if absent:
             raise PlanError(
                 f"shard_inputs: placements has no entry for input {absent[0]!r}; give one "
                 "per key of the batch."
             )
-        placements = [placements[k] for k in keys]
+        placements = [by_key[k] for k in keys]
     if len(tensors) != len(placements):
         raise PlanError(
             f"shard_inputs got {len(tensors)} inputs but {len(placements)} placements; "

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from autoplan.core.graph import tensor_val
+from autoplan.core.graph import arg_int, arg_node, node_op, tensor_val
 from autoplan.core.torch_adapter import mutates
 from autoplan.cost.buckets import RESHAPING, bucket_groups, op_name
 
@@ -117,8 +117,11 @@ def _merge_all(
 ) -> list[Bucket]:
     """One pass: the collectives ``member`` selects, grouped and merged; head buckets
     (``head`` given) issued one bucket ahead, tail buckets at their last member."""
-    waits = {c: _only_wait(c) for c in graph.nodes if c.target in _KIND}
-    waits = {c: w for c, w in waits.items() if w is not None and tensor_val(c.args[0]) is not None}
+    waits: dict[fx.Node, fx.Node] = {}
+    for c in graph.nodes:
+        if c.target in _KIND and (w := _only_wait(c)) is not None:
+            if tensor_val(c.args[0]) is not None:
+                waits[c] = w
     members = [c for c, w in waits.items() if member(c, w)]
     upstream = _upstream(graph, members)
     keys = [_key(c) for c in members]
@@ -225,7 +228,7 @@ def _key(collective: fx.Node) -> tuple[object, ...]:
 def _size(collective: fx.Node) -> int:
     """The collective's size as the cost model counts it (an all_gather's: its output)."""
     n = _nbytes(collective)
-    return n * int(collective.args[1]) if collective.target is _GATHER else n
+    return n * arg_int(collective, 1) if collective.target is _GATHER else n  # group_size
 
 
 def _upstream(graph: fx.Graph, collectives: list[fx.Node]) -> list[int]:
@@ -237,11 +240,11 @@ def _upstream(graph: fx.Graph, collectives: list[fx.Node]) -> list[int]:
         for i in node.all_input_nodes:
             m |= mask[i]
         mask[node] = m | waited.get(node, 0)
-    return [mask[c.args[0]] for c in collectives]
+    return [mask[arg_node(c, 0)] for c in collectives]
 
 
 def _describe(group: list[fx.Node], where: str) -> Bucket:
-    return Bucket(_KIND[group[0].target], where, len(group), sum(_size(c) for c in group))
+    return Bucket(_KIND[node_op(group[0])], where, len(group), sum(_size(c) for c in group))
 
 
 def _merge(
@@ -255,9 +258,10 @@ def _merge(
 ) -> list[fx.Node]:
     """One collective for ``group``, inserted before ``before``; each member's wait is
     replaced by its slice of the result. Returns the slices."""
-    target, extra = group[0].target, tuple(group[0].args[1:])
+    target, extra = node_op(group[0]), tuple(group[0].args[1:])
     # each reduce-scatter input [g * k, ...] as g rows [g, k...]: rank r's share in row r
-    rows = int(extra[1]) if target is _SCATTER else 1
+    rows = arg_int(group[0], 2) if target is _SCATTER else 1  # its group_size
+    ranks = arg_int(group[0], 1) if target is _GATHER else 1  # an all_gather's group_size
     fn = graph.call_function
     fill = tail and in_place
     if fill:
@@ -270,13 +274,13 @@ def _merge(
         op = _REDUCE_INPLACE if target is _REDUCE and in_place else target
         done = fn(_WAIT, (fn(op, (flat, *extra)),))
         if target is _GATHER:  # [g * total] as [g, total]: rank r's inputs in row r
-            done = fn(_aten.view.default, (done, [int(extra[0]), -1]))
+            done = fn(_aten.view.default, (done, [ranks, -1]))
         pieces, offset = [], 0
         for c in group:
             out = tensor_val(waits[c])
             assert out is not None
             # an all_gather's piece is a column block of every rank's row
-            width = out.numel() // int(extra[0]) if target is _GATHER else out.numel()
+            width = out.numel() // ranks if target is _GATHER else out.numel()
             piece = fn(
                 _aten.slice.Tensor, (done, 1 if target is _GATHER else 0, offset, offset + width)
             )
@@ -308,7 +312,7 @@ def _fill_as_computed(graph: fx.Graph, group: list[fx.Node], rows: int) -> fx.No
     """A flat buffer for a tail bucket, each member's input copied in right after it is
     computed: while still in cache (a copy of them all at the end reads them back from
     memory), as DDP copies each gradient into its bucket when autograd makes it."""
-    inputs = [c.args[0] for c in group]
+    inputs = [arg_node(c, 0) for c in group]
     sizes = [_input(c).numel() for c in group]
     index = _index(graph)  # inserting nodes keeps the order of those already there
     anchor = min(inputs, key=index.__getitem__)

@@ -37,7 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.core.errors import PlanError
-from autoplan.core.graph import map_args, source_name, tensor_args
+from autoplan.core.graph import arg_int, arg_node, map_args, source_name, tensor_args
 from autoplan.core.placements import Placements, fmt, is_strided, made_by_op_only, parse, plain
 from autoplan.core.torch_adapter import flatten_axes, redistribute
 from autoplan.result.plan import Plan
@@ -103,7 +103,7 @@ def flatten_mesh_groups(mesh: DeviceMesh) -> list[DeviceMesh]:
 @dataclass(frozen=True)
 class _Step:
     node: fx.Node
-    ins: tuple[Placements | str, ...]
+    ins: tuple[Placements | str | None, ...]
     outs: tuple[Placements | str | None, ...]
     # per tensor input, the placements its move passes on the way (plan.routes)
     via: tuple[tuple[Placements, ...], ...]
@@ -247,8 +247,7 @@ class PlannedGraph:
     def _call(self, step: _Step, env: dict[str, Any]) -> Any:
         node = step.node
         if node.target is operator.getitem:
-            src, index = node.args
-            return env[src.name][index]
+            return env[arg_node(node, 0).name][arg_int(node, 1)]
         placed = {
             a.name: self._place(env[a.name], want, f"{node.name} input {a.name}", via)
             for a, want, via in zip(tensor_args(node), step.ins, step.via, strict=True)
@@ -256,8 +255,10 @@ class PlannedGraph:
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
         if step.local:
             return self._call_local(step, args, kwargs)
+        fn = node.target
+        assert callable(fn), f"{node.name} is a call_function node"
         try:
-            out = node.target(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except NotImplementedError as err:
             if "sharding strategy" not in str(err):
                 raise
@@ -269,7 +270,9 @@ class PlannedGraph:
         local_args, local_kwargs = _map_tensors(
             (args, kwargs), lambda x: x.to_local() if isinstance(x, DTensor) else x
         )
-        out = step.node.target(*local_args, **local_kwargs)
+        fn = step.node.target
+        assert callable(fn), f"{step.node.name} is a call_function node"
+        out = fn(*local_args, **local_kwargs)
         vals = step.node.meta["val"]
         if isinstance(out, torch.Tensor):
             return self._wrap(out, step.outs[0], vals)
@@ -366,7 +369,7 @@ def _same(have: Sequence[Any], want: Placements | str) -> bool:
     return plain(tuple(have)) == plain(want)
 
 
-def _strided(want: Placements | str) -> bool:
+def _strided(want: Placements | str | None) -> bool:
     """Whether a planned placement has a ``_StridedShard`` of split factor above 1."""
     return isinstance(want, tuple) and any(is_strided(p) for p in plain(want))
 

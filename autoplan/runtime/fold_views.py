@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
-from autoplan.core.graph import tensor_val
+from autoplan.core.graph import node_op, tensor_val
 
 __all__ = ["fold_views"]
 
@@ -58,15 +58,18 @@ def fold_views(graph: fx.Graph) -> int:
     length: dict[fx.Node, int] = {}  # ops from the chain input
     for node in list(graph.nodes):
         src = node.args[0] if node.op == "call_function" and node.target in VIEWS else None
-        if not isinstance(src, fx.Node) or tensor_val(node) is None or tensor_val(src) is None:
+        val = tensor_val(node)
+        if not isinstance(src, fx.Node) or val is None or tensor_val(src) is None:
             continue
         first = root.get(src, src)
-        start = replay[src] if src in root else _contiguous(tensor_val(first))
+        first_val = tensor_val(first)
+        assert first_val is not None, "a chain starts at a tensor: src, or a chain's root"
+        start = replay[src] if src in root else _contiguous(first_val)
         again = _apply(node, start)
         if again is None:  # not a function of a contiguous chain input: a new chain starts
             continue
         root[node], replay[node], length[node] = first, again, length.get(src, 0) + 1
-        fold = _fold(tensor_val(first), tensor_val(node), replay[node])
+        fold = _fold(first_val, val, replay[node])
         # a program's outputs keep their nodes: its signature and saved list name them
         returned = any(u.op == "output" for u in node.users)
         if fold is not None and _length(fold) < length[node] and not returned:
@@ -84,7 +87,7 @@ def _contiguous(val: torch.Tensor) -> torch.Tensor:
 def _apply(node: fx.Node, x: torch.Tensor) -> torch.Tensor | None:
     """``node``'s op on the meta tensor ``x``, or None when it cannot run there."""
     try:
-        return node.target(x, *node.args[1:], **node.kwargs)
+        return node_op(node)(x, *node.args[1:], **node.kwargs)
     except RuntimeError:  # a view the traced layout allowed and a contiguous one does not
         return None
 

@@ -219,7 +219,7 @@ def lower(
         placed = [wrap(x, d) for x, d in zip(primals, primals_like, strict=True)]
         ps, rest = placed[: len(params)], placed[len(params) :]
         if param_dtype is not None:
-            ps = [p.to(param_dtype) if p.is_floating_point() else p for p in ps]
+            ps = [_to_dtype(p, param_dtype) if p.is_floating_point() else p for p in ps]
         cotangents = [
             functools.partial(
                 DTensor.from_local,
@@ -227,14 +227,15 @@ def lower(
                 mesh,
                 where,
                 run_check=False,
-                shape=outputs[i].shape,
+                shape=torch.Size(outputs[i].shape),
                 stride=outputs[i].stride,
             )
             for x, (i, where) in zip(tangents, tangent_specs, strict=True)
         ]
         outs, grads = graph.run(ps, rest[: len(buffers)], rest[len(buffers) :], cotangents)
         dtypes = {f: p.dtype for f, p in zip(t.param_fqns, params, strict=True)}
-        return [o.to_local() for o in outs] + [grads[f].to(dtypes[f]).to_local() for f in grad_fqns]
+        grads_out = [_to_dtype(grads[f], dtypes[f]).to_local() for f in grad_fqns]
+        return [o.to_local() for o in outs] + grads_out
 
     local_primals = [x.to_local() for x in primals_like]
     local_tangents = [
@@ -284,6 +285,12 @@ def lower(
         buckets=tuple(buckets),
         compile=compile,
     )
+
+
+def _to_dtype(x: DTensor, dtype: torch.dtype) -> DTensor:
+    out = x.to(dtype)
+    assert isinstance(out, DTensor), "a DTensor's .to gives a DTensor"
+    return out
 
 
 def _output_spec(graph: PlannedGraph, index: int) -> OutputSpec:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -93,7 +93,9 @@ class PlannedState:
         deg = shard_degrees(want, self.mesh.shape, x.ndim)
         shape = tuple(s * d for s, d in zip(x.shape, deg, strict=True))
         stride = torch.empty(shape, device="meta").stride()
-        return DTensor.from_local(x, self.mesh, want, run_check=False, shape=shape, stride=stride)
+        return DTensor.from_local(
+            x, self.mesh, want, run_check=False, shape=torch.Size(shape), stride=stride
+        )
 
     def step(
         self,
@@ -220,7 +222,9 @@ def _place_outputs(
     step: LoweredStep, mesh: DeviceMesh, outs: Sequence[torch.Tensor]
 ) -> tuple[DTensor, ...]:
     return tuple(
-        DTensor.from_local(x, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride)
+        DTensor.from_local(
+            x, mesh, o.placements, run_check=False, shape=torch.Size(o.shape), stride=o.stride
+        )
         for x, o in zip(outs, step.outputs, strict=True)
     )
 
@@ -253,11 +257,12 @@ def _like(local: torch.Tensor | None, param: DTensor) -> DTensor | None:
 
 
 def _planned_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    state: PlannedState = self._autoplan_state
+    state = _state(self)
     inputs = state.inputs(args, kwargs)
-    # the trace's order: every parameter (frozen ones too), then every buffer (trace_joint)
-    ps = list(self.parameters())
-    bs = list(self.buffers())
+    # the trace's order: every parameter (frozen ones too), then every buffer (trace_joint);
+    # the checker cannot know that parallelize made each of them a DTensor
+    ps = cast(list[DTensor], list(self.parameters()))
+    bs = cast(list[DTensor], list(self.buffers()))
     step, traced = state.step(self, ps, bs, inputs)
     if torch.is_grad_enabled() and self.training:
         outs = _PlannedCall.apply(step, state.mesh, len(ps), *ps, *bs, *inputs)
@@ -272,7 +277,13 @@ def _planned_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 def _autoplan_graphs(self: nn.Module) -> dict[tuple[Any, ...], LoweredStep]:
     """The lowered step of each input shape (and mode) run so far, keyed by the inputs'
     shapes and dtypes and ``"train"`` or ``"eval"``; ``print`` one to read its programs."""
-    return dict(self._autoplan_state.steps)
+    return dict(_state(self).steps)
+
+
+def _state(model: nn.Module) -> PlannedState:
+    state = model._autoplan_state
+    assert isinstance(state, PlannedState), "install() gave the planned model its state"
+    return state
 
 
 def install(model: nn.Module, state: PlannedState) -> None:
@@ -288,7 +299,8 @@ def install(model: nn.Module, state: PlannedState) -> None:
                 "_autoplan_base": cls,
             },
         )
-    model._autoplan_state = state
+    # nn.Module.__setattr__ stores any value; torch annotates it Tensor | Module
+    model._autoplan_state = state  # type: ignore[assignment]
 
 
 _OWN_HOOKS = (
@@ -312,7 +324,9 @@ def _original_class(model: nn.Module) -> Iterator[None]:
     """
     planned = type(model)
     saved = {name: dict(getattr(model, name)) for name in _OWN_HOOKS}
-    model.__class__ = planned._autoplan_base
+    base = getattr(planned, "_autoplan_base", None)
+    assert isinstance(base, type), f"{planned.__name__} is a class install() made"
+    model.__class__ = base
     try:
         for name in _OWN_HOOKS:
             getattr(model, name).clear()

@@ -105,7 +105,8 @@ class Keeper:
 
     def _prune(self) -> None:
         # a use count of one: only this list holds the alias (its worker has dropped it)
-        self._held = [t for t in self._held if t._use_count() > 1]
+        # TensorBase._use_count exists; torch's stubs omit it
+        self._held = [t for t in self._held if t._use_count() > 1]  # type: ignore[attr-defined]
 
 
 def hold_collectives(gm: fx.GraphModule, keeper: Keeper) -> fx.GraphModule:

@@ -112,7 +112,7 @@ def untie(rep: Mapping[str, str], pinned: set[str]) -> dict[str, str]:
 def _constrain(
     table: StrategyTable,
     names: Sequence[str],
-    specs: Sequence[PlacementSpec] | None,
+    specs: Sequence[PlacementSpec | None] | None,
     what: str,
 ) -> dict[str, np.ndarray]:
     allowed: dict[str, np.ndarray] = {}
@@ -155,7 +155,7 @@ def _one_for_all(specs: Any, count: int) -> Any:
 def _inputs_by_key(
     specs: InputPlacements | None,
     keys: Sequence[int | str],
-) -> Sequence[PlacementSpec] | None:
+) -> Sequence[PlacementSpec | None] | None:
     """``input_placements`` as one entry per input in the graph's order (``None``: left to
     the solver). One placement (``"S(0)R"``) places every input alike, the batch split the
     same way for the token ids and their labels; a dict is keyed like ``input_fn``'s."""
@@ -169,7 +169,8 @@ def _inputs_by_key(
             f"input_placements names input {unknown[0]!r}, which input_fn does not return "
             f"(its keyword inputs: {known}); key the dict by input_fn's keys."
         )
-    return [specs.get(k) for k in keys]
+    by_key: dict[int | str, PlacementSpec] = dict(specs.items())
+    return [by_key.get(k) for k in keys]
 
 
 def _scalars_replicated(traced: TracedGraph, num_axes: int) -> list[PlacementSpec | None]:
@@ -192,10 +193,11 @@ def allowed_strategies(
     which the solver keeps out of merging and tying."""
     specs = _inputs_by_key(input_placements, traced.input_keys)
     allowed = _constrain(table, traced.inputs, specs, "input_placements")
-    if output_placements is None:
-        output_placements = _scalars_replicated(traced, len(table.mesh_shape))
-    output_placements = _one_for_all(output_placements, len(traced.outputs))
-    allowed |= _constrain(table, traced.outputs, output_placements, "output_placements")
+    outputs: Sequence[PlacementSpec | None] | None = output_placements
+    if outputs is None:
+        outputs = _scalars_replicated(traced, len(table.mesh_shape))
+    outputs = _one_for_all(outputs, len(traced.outputs))
+    allowed |= _constrain(table, traced.outputs, outputs, "output_placements")
     pinned = resolve_pins(traced, table, pins)
     for node, mask in pinned.items():
         if node in allowed and not (allowed[node] & mask).any():

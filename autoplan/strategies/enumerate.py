@@ -32,7 +32,15 @@ from typing import Any
 import torch
 from torch import fx
 
-from autoplan.core.graph import map_args, static_args, tensor_args
+from autoplan.core.graph import (
+    arg_int,
+    arg_node,
+    arg_str,
+    map_args,
+    node_op,
+    static_args,
+    tensor_args,
+)
 from autoplan.core.placements import Placements, even_placements, is_even, is_strided
 from autoplan.core.torch_adapter import (
     DeviceMesh,
@@ -183,11 +191,13 @@ class _Enumerator:
             info = self._tensor_infos[key] = TensorInfo(key[0], val.element_size(), str(val.dtype))
         return info
 
-    def _info(self, node: fx.Node) -> TensorInfo | None:
-        """The tensor metadata of ``node``'s value, read once per node."""
+    def _info(self, node: fx.Node) -> TensorInfo:
+        """The tensor metadata of ``node``'s value (a tensor input), read once per node."""
         if node not in self._infos:
             self._infos[node] = self._tensor_info(node.meta["val"])
-        return self._infos[node]
+        info = self._infos[node]
+        assert info is not None, f"{node.name} is a tensor input with no tensor meta['val']"
+        return info
 
     def _placeholder_strategies(self, shape: tuple[int, ...]) -> tuple[Strategy, ...]:
         found = self._placeholders.get(shape)
@@ -227,7 +237,7 @@ class _Enumerator:
                 if memo:
                     self._by_rules[sig, seen] = found
             strategies, fallback = found, False
-        elif has_op_strategy(node.target):
+        elif has_op_strategy(node_op(node)):
             memos = self._by_candidate.setdefault(sig, {}) if memo else None
 
             def check(found: list[Strategy]) -> list[Strategy]:
@@ -247,10 +257,10 @@ class _Enumerator:
     def _rules_of(self, node: fx.Node) -> list[list[Any]] | None:
         """The single-dim rules of ``node``'s op (einsum's from its equation), or None."""
         if node.target is aten.einsum.default:
-            return einsum_rules(node.args[0])
+            return einsum_rules(arg_str(node, 0))
         args_meta = map_args(node.args, lambda n: tensor_meta(n.meta["val"]))
         kwargs_meta = map_args(node.kwargs, lambda n: tensor_meta(n.meta["val"]))
-        return single_dim_rules(node.target, args_meta, kwargs_meta)
+        return single_dim_rules(node_op(node), args_meta, kwargs_meta)
 
     def _checked(
         self,
@@ -268,9 +278,10 @@ class _Enumerator:
         return kept
 
     def _getitem(self, node: fx.Node) -> NodeStrategies:
-        parent, index = node.args
+        parent, index = arg_node(node, 0), arg_int(node, 1)
         src = self.nodes[parent.name]
         info = src.out_tensors[index]
+        assert info is not None, f"{node.name} reads output {index} of {parent.name}: not a tensor"
         seen: dict[Placements, None] = {}
         for s in src.strategies:
             p = s.outs[index]
@@ -363,15 +374,16 @@ class _Enumerator:
         part in equality; two embeddings' partials would otherwise never match.
         """
 
-        def canon(ps: Placements | None) -> Placements | None:
-            if ps is None or not any(is_masked_partial(p) for p in ps):
+        def canon(ps: Placements) -> Placements:
+            if not any(is_masked_partial(p) for p in ps):
                 return ps
             return tuple(
                 self.masked.setdefault(masked_partial_key(p), p) if is_masked_partial(p) else p
                 for p in ps
             )
 
-        return Strategy(outs=tuple(map(canon, s.outs)), ins=tuple(map(canon, s.ins)))
+        outs = tuple(None if ps is None else canon(ps) for ps in s.outs)
+        return Strategy(outs=outs, ins=tuple(map(canon, s.ins)))
 
 
 _UNKNOWN: Any = object()  # a signature whose rules were not looked up yet

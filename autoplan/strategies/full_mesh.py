@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import fx
 
-from autoplan.core.graph import map_args, tensor_args
+from autoplan.core.graph import map_args, node_op, tensor_args
 from autoplan.core.placements import Placements
 from autoplan.core.torch_adapter import (
     DeviceMesh,
@@ -111,10 +111,15 @@ def _by_candidate(
         else:
             for cand in new:
                 try:
-                    memo[cand] = check(_ask(node, mesh, lambda _, c=cand: [c], num_outs, None))
+                    memo[cand] = check(_ask(node, mesh, _only(cand), num_outs, None))
                 except Exception:
                     memo[cand] = []
     return [s for cand in cands for s in memo[cand]]
+
+
+def _only(cand: Placements) -> Candidates:
+    """Candidates that offer every input ``cand`` alone."""
+    return lambda _: [cand]
 
 
 def _ask(
@@ -126,14 +131,17 @@ def _ask(
 ) -> list[Strategy]:
     def to_strategy(n: fx.Node) -> OpStrategy:
         meta = tensor_meta(n.meta["val"])
-        pinned = pin is not None and pin[0] in (n.name, _EVERY_INPUT)
-        cands = [pin[1]] if pinned else candidates(n)
+        if pin is not None and pin[0] in (n.name, _EVERY_INPUT):
+            cands = [pin[1]]
+        else:
+            cands = candidates(n)
         return OpStrategy([OpSpec(DTensorSpec(mesh, p, tensor_meta=meta)) for p in cands])
 
     args = tuple(_tuple_strategy(a) for a in map_args(node.args, to_strategy))
     kwargs = {k: _tuple_strategy(v) for k, v in map_args(node.kwargs, to_strategy).items()}
-    schema = OpSchema(node.target, args, kwargs, schema_info=schema_info(node.target))
-    result = op_strategy(node.target, schema)
+    op = node_op(node)
+    schema = OpSchema(op, args, kwargs, schema_info=schema_info(op))
+    result = op_strategy(op, schema)
     if isinstance(result, TupleStrategy):
         return _zip_tuple_strategy(result, num_outs)
     return [_from_spec(s, num_outs) for s in result.strategies]
@@ -151,11 +159,17 @@ def _from_spec(spec: OpSpec, num_outs: int) -> Strategy:
     if isinstance(out_specs, DTensorSpec):
         outs: tuple[Placements | None, ...] = (tuple(out_specs.placements),)
     else:
+        assert out_specs is not None, "a strategy function gives each output spec"
         outs = tuple(None if o is None else tuple(o.placements) for o in out_specs)
     if num_outs > len(outs):
         outs = outs + (outs[0],) * (num_outs - len(outs))
     ins_specs = spec.input_specs
-    ins = tuple(tuple(s.placements) for s in ins_specs) if ins_specs is not None else (outs[0],)
+    if ins_specs is not None:
+        ins = tuple(tuple(s.placements) for s in ins_specs)
+    else:  # a spec without input specs asks for its inputs placed as its output
+        first = outs[0]
+        assert first is not None, "a spec without input specs has its first output"
+        ins = (first,)
     return Strategy(outs=outs, ins=ins)
 
 

@@ -38,6 +38,12 @@ class Strategy:
     outs: tuple[Placements | None, ...]
     ins: tuple[Placements, ...]
 
+    def out(self, i: int = 0) -> Placements:
+        """The placements of output ``i``, one the caller knows is a tensor."""
+        placements = self.outs[i]
+        assert placements is not None, f"output {i} of strategy {self} is absent"
+        return placements
+
     def __str__(self) -> str:
         ins = ", ".join(fmt(p) for p in self.ins)
         outs = ", ".join(fmt(p) for p in self.outs)

@@ -69,8 +69,8 @@ def node_kinds(traced: TracedGraph) -> dict[str, str]:
     derived: dict[str, str] = dict(kind_of_param)
     for n in nodes:
         srcs = {derived.get(a) for a in inputs[n.name]}
-        if inputs[n.name] and len(srcs) == 1 and None not in srcs:
-            derived[n.name] = srcs.pop()
+        if inputs[n.name] and len(srcs) == 1 and (src := next(iter(srcs))) is not None:
+            derived[n.name] = src
     kinds: dict[str, str] = dict(derived)
     for n in nodes:  # seeds: nodes reading a parameter, and the gradients
         read = [derived[a] for a in inputs[n.name] if a in derived]

@@ -101,7 +101,7 @@ def _fits(run: Run, key: str, p: Placements, shape: tuple[int, ...], what: str) 
         )
 
 
-def not_an_input(run: Run, flag: str, out: str | Path, *, example: str) -> None:
+def not_an_input(run: Run, flag: str, out: str | Path, *, example: str | Path) -> None:
     """A PlanError if ``out`` is a file the run was read from (the run file, its topology
     file): writing there would destroy the command's own input."""
     inputs = [("run file", run.source)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -29,10 +29,16 @@ _BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": Fal
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$")
 
 
+class _Mark(Protocol):
+    """A position in the text: PyYAML's mark, or libyaml's under the C loader."""
+
+    line: int  # from 0
+
+
 class _Refused(yaml.YAMLError):
     """A construct strict YAML does not accept, with the node's position."""
 
-    def __init__(self, message: str, mark: yaml.Mark | None) -> None:
+    def __init__(self, message: str, mark: _Mark | None) -> None:
         super().__init__(message)
         self.message = message
         self.line = None if mark is None else mark.line + 1
@@ -41,7 +47,7 @@ class _Refused(yaml.YAMLError):
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader with the refusals the module docstring lists."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(
@@ -55,7 +61,7 @@ class _StrictLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -75,7 +81,7 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
-    def construct_yaml_bool(self, node: Any) -> bool:  # type: ignore[override]
+    def construct_yaml_bool(self, node: Any) -> bool:
         text = self.construct_scalar(node)
         if text not in _BOOLS:
             raise _Refused(
@@ -84,7 +90,7 @@ class _StrictLoader(yaml.SafeLoader):
             )
         return _BOOLS[text]
 
-    def construct_yaml_int(self, node: Any) -> int:  # type: ignore[override]
+    def construct_yaml_int(self, node: Any) -> int:
         text = str(self.construct_scalar(node))
         if not _DECIMAL_INT.match(text):
             raise _Refused(
@@ -94,7 +100,7 @@ class _StrictLoader(yaml.SafeLoader):
             )
         return int(text)
 
-    def construct_yaml_float(self, node: Any) -> float:  # type: ignore[override]
+    def construct_yaml_float(self, node: Any) -> float:
         text = str(self.construct_scalar(node))
         if ":" in text:
             raise _Refused(
@@ -106,10 +112,10 @@ class _StrictLoader(yaml.SafeLoader):
             raise _Refused(f"{text!r} is not a finite number; give a finite value", node.start_mark)
         return value
 
-    def construct_yaml_timestamp(self, node: Any) -> Any:  # type: ignore[override]
+    def construct_yaml_timestamp(self, node: Any) -> Any:
         raise _Refused(f"{node.value!r} would be read as a date; quote it as text", node.start_mark)
 
-    def construct_undefined(self, node: Any) -> Any:  # type: ignore[override]
+    def construct_undefined(self, node: Any) -> Any:
         raise _Refused(
             f"tag {node.tag} is not accepted; a run file holds names, numbers, booleans, lists "
             "and mappings only",

@@ -254,7 +254,7 @@ class Ascent:
             self._st.deadline = time.perf_counter() + time_limit_s
         self.sweeps = 0
         self.warmed = warm is not None and warm_fits(self._st.snapshot(), warm.snapshot)
-        if self.warmed:
+        if warm is not None and self.warmed:
             self._st.restore(warm.snapshot)
         elif seed is not None:
             self._st.seed(*seed)

@@ -80,7 +80,10 @@ class Visit:
         self.share = 1.0 / max(n_ahead, len(ends) - n_ahead, 1)
         self.order: np.ndarray | None = None
         self.ahead: list[tuple[int, int, int]] = []
-        orders, starts, backs, lo = [], [], [], 0
+        orders: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        backs: list[np.ndarray] = []
+        lo = 0
         for k, end in enumerate(ends):
             if is_ahead[k] and len(end.order):
                 starts.append(end.starts + sum(len(o) for o in orders))

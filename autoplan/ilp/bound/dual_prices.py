@@ -42,9 +42,9 @@ def column_reduced_costs(p: Problem, em: Emitted, dual: Dual) -> np.ndarray:
 
 
 def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
-    for r, cols in em.class_cols.items():
-        sel = cols >= 0
-        d[cols[sel]] = dual.reduced[r][sel]
+    for r, class_cols in em.class_cols.items():
+        sel = class_cols >= 0
+        d[class_cols[sel]] = dual.reduced[r][sel]
     for k, e in enumerate(p.edges):
         phi, low = dual.phi[k], dual.low[k]
         side = []

@@ -44,10 +44,11 @@ def best_lam(p: Problem, theta: Mapping[str, np.ndarray], lam: float) -> float:
     """The λ >= 0 that maximizes the bound with the messages held, given the class
     potentials ``theta`` at multiplier ``lam``: where the memory of each class's
     cheapest strategy, summed, stops exceeding the budget."""
+    assert p.budget is not None, "a multiplier is sought only when the budget can bind"
     sack = Knapsack(
         [theta[r] - lam * m / MEMORY_UNIT for r, m in p.memory.items()],
         [m / MEMORY_UNIT for m in p.memory.values()],
-        float(p.budget) / MEMORY_UNIT,  # type: ignore[arg-type]
+        float(p.budget) / MEMORY_UNIT,
     )
     if not sack.over(0.0):
         return 0.0

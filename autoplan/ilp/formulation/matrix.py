@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from autoplan.cost.routes import Routes
 from autoplan.ilp.formulation.problem import Edge, Problem
@@ -158,12 +159,12 @@ class _Rows:
         self.upper: list[np.ndarray] = []
         self.count = 0
 
-    def new(self, lower: np.ndarray, upper: np.ndarray) -> int:
+    def new(self, lower: ArrayLike, upper: ArrayLike) -> int:
         """Open ``len(lower)`` rows; returns the first row's index."""
         first = self.count
         self.lower.append(np.asarray(lower, dtype=np.float64))
         self.upper.append(np.asarray(upper, dtype=np.float64))
-        self.count += len(lower)
+        self.count += len(self.lower[-1])
         return first
 
     def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray | float) -> None:
@@ -212,6 +213,7 @@ def emit(p: Problem) -> Emitted:
         # A flow when the whole network's moves are fewer than the pairs: counting only the
         # moves _flow_network keeps would make flows of small edges, whose rows slow the LP
         if e.net is not None and len(e.net.arc_src) < finite.sum():
+            assert e.row_state is not None and e.col_state is not None, "a routed edge has states"
             net = _flow_network(e, networks)
             flow = Flow(num_cols, net, e.row_state, e.col_state, e.net_scale)
             costs.append(net.arc_cost * e.net_scale)

@@ -172,7 +172,7 @@ def collapse_followers(
         roots[v] = (root, mapping)
         followed[v] = e
 
-    kept_edges = []
+    kept_edges: list[EdgeCost] = []
     fates = []
     for e in costs.edges:
         if followed.get(e.dst) is e:
@@ -188,10 +188,10 @@ def collapse_followers(
             dst_group = e.dst_group[m]
         fates.append(len(kept_edges))
         kept_edges.append(replace(e, src=src, dst=dst, src_group=src_group, dst_group=dst_group))
-    edges, index = _merge_self_edges(kept_edges, compute)
+    merged, index = _merge_self_edges(kept_edges, compute)
     reduced = CostTable(
         compute={v: c for v, c in compute.items() if v not in roots},
-        edges=edges,
+        edges=merged,
         memory=memory,
         activations=costs.activations,
     )
