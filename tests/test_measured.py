@@ -40,7 +40,7 @@ def test_a_fit_is_latency_plus_steps_plus_bus_bytes():
 
 def test_a_measured_op_replaces_the_nccl_model_only_where_measured():
     """A fitted op on a one-node group takes its fit; an op or a link not measured keeps
-    the NCCL-style price of the same topology without fits."""
+    the NCCL-style price of the same topology without fits, plus the job's arrival wait."""
     topo = _calibrated()
     plain = Topology(device=topo.device, gpus_per_node=4)
     model = CollectiveModel(topo)
@@ -50,14 +50,14 @@ def test_a_measured_op_replaces_the_nccl_model_only_where_measured():
     )
     assert algorithm_choice("all_reduce", 2**20, 4, 1, topo) == ("Measured", "fit")
     for op, p, m in (("reduce_scatter", 4, 1), ("all_reduce", 2, 2)):
-        assert collective_time_us(op, 2**20, p, m, topo) == collective_time_us(
-            op, 2**20, p, m, plain
+        assert collective_time_us(op, 2**20, p, m, topo) == pytest.approx(
+            collective_time_us(op, 2**20, p, m, plain) + 250.0
         )
 
 
-def test_the_arrival_wait_is_paid_once_by_every_measured_collective_of_two_ranks_or_more():
-    """collectives.sync_us is added to each fitted collective's time, once whatever its
-    size, and not to a group of one (it waits for no one)."""
+def test_the_arrival_wait_is_paid_once_by_every_collective_of_two_ranks_or_more():
+    """collectives.sync_us is added to each collective's time, fitted or priced by the
+    NCCL-style model, once whatever its size, and not to a group of one (it waits for no one)."""
     topo = _calibrated()
     model = CollectiveModel(topo)
     for nbytes in (64, 2**24):
@@ -65,6 +65,11 @@ def test_the_arrival_wait_is_paid_once_by_every_measured_collective_of_two_ranks
             FIT.time_us("all_gather", nbytes, 2) + 250.0
         )
     assert model.time_us("all_gather", 2**20, 1, 1, dtype_bytes=4) == 0.0
+    plain = CollectiveModel(Topology(device=topo.device, gpus_per_node=4))
+    assert model.time_us("all_to_all", 2**20, 4, 1) == pytest.approx(
+        plain.time_us("all_to_all", 2**20, 4, 1) + 250.0
+    )
+    assert model.time_us("all_to_all", 2**20, 1, 1) == 0.0
 
 
 def test_the_device_prices_compute_with_its_own_overhead_and_efficiencies():

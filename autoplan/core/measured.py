@@ -156,12 +156,12 @@ def measured_time_us(
     fits: CollectiveFits | None, op: str, nbytes: float, ranks_per_node: int, nodes: int
 ) -> float | None:
     """Microseconds for ``op`` on ``nbytes`` over a ``ranks_per_node`` x ``nodes`` group, from
-    its measured fit; ``None`` when the topology measured no fit for that op and link class, so
-    that the caller prices it with the NCCL-style model instead."""
+    its measured fit, run alone (the arrival wait, ``sync_us``, is the caller's to add: it
+    is paid by every collective, fitted or not); ``None`` when the topology measured no fit
+    for that op and link class, so that the caller prices it with the NCCL-style model."""
     if fits is None or (fit := fits.fit(op, nodes)) is None:
         return None
-    alone = fit.time_us(op, nbytes, ranks_per_node * nodes)
-    return alone + fits.sync_us if alone > 0 else 0.0  # a group of one waits for no one
+    return fit.time_us(op, nbytes, ranks_per_node * nodes)
 
 
 @dataclass(frozen=True)
