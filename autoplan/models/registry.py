@@ -1,6 +1,6 @@
 """The model kinds a run file can name: each one's arguments, builder, inputs and limits.
 
-Input: a run file's ``model`` section, as a kind's name (``llama3``, ``mlp``, or
+Input: a run file's ``model`` section, as a kind's name (``llama3``, ``moe``, ``mlp``, or
 ``hf:<kind>`` for a Hugging Face causal LM) and its arguments. Output: a
 :class:`ModelKind`, which checks the arguments (unknown keys named with the allowed
 ones), builds the model on the meta device, makes its global example inputs and says the
@@ -25,6 +25,7 @@ from autoplan.core.errors import PlanError
 from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
 from autoplan.models.mlp import MLPArgs, TinyMLP
+from autoplan.models.moe import MoEArgs, MoETransformer
 
 __all__ = ["REFERENCE", "ModelKind", "model_kind"]
 
@@ -83,6 +84,10 @@ def _llama3_limit(args: Mapping[str, Any]) -> tuple[int, str, str]:
     return ModelArgs(**args).max_seq_len, "the model's rotary table", "model.args.max_seq_len"
 
 
+def _moe_limit(args: Mapping[str, Any]) -> tuple[int, str, str]:
+    return MoEArgs(**args).max_seq_len, "the model's rotary table", "model.args.max_seq_len"
+
+
 REFERENCE: dict[str, ModelKind] = {
     "llama3": ModelKind(
         "llama3",
@@ -91,6 +96,14 @@ REFERENCE: dict[str, ModelKind] = {
         _on_meta(lambda a: Transformer(ModelArgs(**a))),
         lambda a, batch, seq: _tokens(ModelArgs(**a).vocab_size, batch, seq),
         _llama3_limit,
+    ),
+    "moe": ModelKind(
+        "moe",
+        _fields(MoEArgs),
+        _checked(lambda a: MoEArgs(**a)),
+        _on_meta(lambda a: MoETransformer(MoEArgs(**a))),
+        lambda a, batch, seq: _tokens(MoEArgs(**a).vocab_size, batch, seq),
+        _moe_limit,
     ),
     "mlp": ModelKind(
         "mlp",
@@ -124,7 +137,7 @@ def _hf_kind(kind: str) -> ModelKind:
 
 
 def model_kind(name: str) -> ModelKind:
-    """The kind called ``name`` (``llama3``, ``mlp`` or ``hf:<kind>``); a PlanError naming
+    """The kind called ``name`` (``llama3``, ``moe``, ``mlp`` or ``hf:<kind>``); a PlanError naming
     the allowed ones for any other."""
     if name in REFERENCE:
         return REFERENCE[name]

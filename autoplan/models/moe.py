@@ -1,0 +1,292 @@
+"""A mixture-of-experts decoder, written in the capacity-based einsum form, for autoplan.
+
+The blocks are LLaMA-3's (:mod:`autoplan.models.llama3`: RMSNorm, RoPE, grouped-query
+attention) with the feed-forward replaced by routed experts: a router scores each token
+against ``n_experts`` experts (softmax or sigmoid), each token goes to its ``top_k``
+best, and optional shared experts see every token.
+
+Why the capacity form (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): every
+shape is static, so the model traces on fake tensors and each step is an einsum or a
+pointwise op that DTensor has rules for. Tokens are routed in groups of ``group_size``
+(GShard); each expert takes at most ``capacity`` tokens of a group (``capacity_factor``
+times its fair share); a token over capacity skips
+that expert (its residual carries it). Dispatch and combine are einsums with a one-hot
+``[batch, seq, expert, capacity]`` mask, and the experts are one batched einsum over the
+expert dimension, so expert parallelism is ``Shard`` on that dimension of the expert
+weights and of the dispatched tokens, and the dispatch a move from batch-sharded to
+expert-sharded tokens (an all-to-all) that the planner prices and chooses like any other.
+
+Not in this model: a dropless (grouped-matmul) dispatch, Qwen3's per-head q/k norms, and
+the load-balancing auxiliary loss (the forward returns the logits alone).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.core.errors import PlanError
+from autoplan.models.llama3 import Attention, RMSNorm, _generator, rope_tables
+
+SCORES = ("softmax", "sigmoid")
+
+
+@dataclass
+class MoEArgs:
+    """Shape of a mixture-of-experts decoder; see :func:`mixtral_8x7b`, :func:`qwen3_30b_a3b`."""
+
+    dim: int = 4096
+    """Width of the residual stream."""
+    n_layers: int = 32
+    """Number of transformer blocks."""
+    n_heads: int = 32
+    """Number of query heads."""
+    n_kv_heads: int | None = None
+    """Number of key/value heads (grouped-query attention); ``None`` means ``n_heads``."""
+    head_dim: int | None = None
+    """Channels per head; ``None`` means ``dim // n_heads`` (resolved when built)."""
+    vocab_size: int = 32000
+    """Number of token ids."""
+    n_experts: int = 8
+    """Routed experts per layer."""
+    top_k: int = 2
+    """Experts each token is sent to."""
+    expert_dim: int = 14336
+    """Hidden size of each expert's SwiGLU."""
+    n_shared_experts: int = 0
+    """Experts every token goes through (one SwiGLU of ``n_shared_experts * expert_dim``)."""
+    score: str = "softmax"
+    """How the router scores experts: ``softmax`` over experts, or ``sigmoid`` per expert."""
+    norm_topk: bool = True
+    """Rescale each token's top-k scores to sum to 1 (Mixtral, Qwen3-MoE)."""
+    capacity_factor: float = 1.25
+    """Each expert takes ``capacity_factor * top_k * group / n_experts`` tokens of a group."""
+    group_size: int = 1024
+    """Tokens routed together (GShard's groups): a sequence is cut into groups of this many
+    (the whole sequence when shorter). The dispatch mask holds ``group * experts *
+    capacity`` values per group, so it grows with the group, not with the sequence."""
+    norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm's square root."""
+    rope_theta: float = 1000000.0
+    """Base of the RoPE frequencies."""
+    max_seq_len: int = 4096
+    """Longest sequence the RoPE tables cover."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_dim",
+            "group_size", "max_seq_len",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(f"{name} ({value!r}) must be a positive integer.")
+        if self.n_shared_experts < 0:
+            raise PlanError(f"n_shared_experts ({self.n_shared_experts}) must be 0 or more.")
+        if self.top_k > self.n_experts:
+            raise PlanError(
+                f"top_k ({self.top_k}) must be at most n_experts ({self.n_experts}): a token "
+                "goes to top_k distinct experts."
+            )
+        if self.score not in SCORES:
+            raise PlanError(f"score ({self.score!r}) must be one of {', '.join(SCORES)}.")
+        for name in ("capacity_factor", "norm_eps", "rope_theta"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"{name} ({getattr(self, name)}) must be positive.")
+        if self.head_dim is None:
+            if self.dim % self.n_heads != 0:
+                raise PlanError(
+                    f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}), "
+                    "or give head_dim."
+                )
+            self.head_dim = self.dim // self.n_heads
+        if self.head_dim % 2 != 0:
+            raise PlanError(f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs.")
+        if self.n_heads % self.kv_heads != 0:
+            raise PlanError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})."
+            )
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads, with ``None`` resolved to ``n_heads``."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def group(self, seq: int) -> int:
+        """Tokens per routing group for sequences of ``seq`` tokens."""
+        group = min(self.group_size, seq)
+        if seq % group:
+            raise PlanError(
+                f"a sequence of {seq} tokens does not split into groups of group_size "
+                f"({self.group_size}); give a seq that is a multiple of it, or another group_size."
+            )
+        return group
+
+    def capacity(self, group: int) -> int:
+        """Tokens of one group each expert takes at most."""
+        return max(1, math.ceil(self.capacity_factor * self.top_k * group / self.n_experts))
+
+
+def mixtral_8x7b(n_layers: int = 32) -> MoEArgs:
+    """Mixtral-8x7B (Jiang et al. 2024); fewer ``n_layers`` for a shallower model."""
+    return MoEArgs(
+        dim=4096, n_layers=n_layers, n_heads=32, n_kv_heads=8, vocab_size=32000,
+        n_experts=8, top_k=2, expert_dim=14336, rope_theta=1000000.0, max_seq_len=32768,
+    )  # fmt: skip
+
+
+def qwen3_30b_a3b(n_layers: int = 48) -> MoEArgs:
+    """Qwen3-30B-A3B; fewer ``n_layers`` for a shallower model."""
+    return MoEArgs(
+        dim=2048, n_layers=n_layers, n_heads=32, n_kv_heads=4, head_dim=128,
+        vocab_size=151936, n_experts=128, top_k=8, expert_dim=768, norm_eps=1e-6,
+        rope_theta=1000000.0, max_seq_len=40960,
+    )  # fmt: skip
+
+
+def tiny_moe(n_layers: int = 2) -> MoEArgs:
+    """A small MoE for tests on the CPU: 4 experts, top-2, one shared expert."""
+    return MoEArgs(
+        dim=64, n_layers=n_layers, n_heads=4, n_kv_heads=2, vocab_size=128, n_experts=4,
+        top_k=2, expert_dim=64, n_shared_experts=1, max_seq_len=32,
+    )  # fmt: skip
+
+
+class Experts(nn.Module):
+    """``n_experts`` SwiGLU experts as three ``[experts, ...]`` weights, run as one einsum
+    each over the expert dimension."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [batch, experts, capacity, dim]`` -> the same shape."""
+        gate = F.silu(torch.einsum("becd,edh->bech", x, self.w1))
+        up = torch.einsum("becd,edh->bech", x, self.w3)
+        return torch.einsum("bech,ehd->becd", gate * up, self.w2)
+
+
+class SharedExpert(nn.Module):
+    """The SwiGLU every token goes through beside the routed experts."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoEFeedForward(nn.Module):
+    """Router, capacity dispatch, experts, combine (see the module docstring)."""
+
+    def __init__(self, args: MoEArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.router = nn.Linear(args.dim, args.n_experts, bias=False)
+        self.experts = Experts(args.n_experts, args.dim, args.expert_dim)
+        hidden = args.n_shared_experts * args.expert_dim
+        self.shared = SharedExpert(args.dim, hidden) if args.n_shared_experts else None
+
+    def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [groups, group, dim]`` -> (dispatch, combine), each ``[groups, group, expert,
+        capacity]``: dispatch is 1 where a token takes a slot of an expert, combine that
+        times the token's score for the expert. Only the scores carry a gradient: the
+        slots are chosen without one, so the backward keeps the mask and ``[groups, group,
+        expert]`` scores, not every step that placed the tokens."""
+        args = self.args
+        groups, group, _ = x.shape
+        logits = self.router(x).float()
+        scores = logits.softmax(-1) if args.score == "softmax" else logits.sigmoid()
+        top, chosen = scores.topk(args.top_k, dim=-1)  # [groups, group, k]
+        if args.norm_topk:
+            top = top / top.sum(-1, keepdim=True)
+        experts = torch.arange(args.n_experts, device=x.device)
+        onehot = (chosen[..., None] == experts).float()  # [groups, group, k, expert]
+        gates = (onehot * top[..., None]).sum(2)  # each token's score per expert it chose
+        capacity = args.capacity(group)
+        with torch.no_grad():
+            # Slots in order of choice, then of position: every token's first choice is
+            # placed before any token's second (GShard).
+            by_choice = onehot.transpose(1, 2).reshape(groups, args.top_k * group, -1)
+            position = by_choice.cumsum(1).reshape(groups, args.top_k, group, -1).transpose(1, 2)
+            kept = onehot * (position <= capacity).float()  # position counts from 1
+            slot = (kept * position).sum(2) - 1.0  # [groups, group, expert]; -1: not placed
+            slots = torch.arange(capacity, device=x.device)
+            dispatch = (slot[..., None] == slots).to(x.dtype)
+        combine = dispatch * gates[..., None].to(x.dtype)
+        return dispatch, combine
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        group = self.args.group(seq)
+        tokens = x.reshape(batch * (seq // group), group, dim)
+        dispatch, combine = self.routing(tokens)
+        routed = torch.einsum("bsec,bsd->becd", dispatch, tokens)
+        out = torch.einsum("bsec,becd->bsd", combine, self.experts(routed)).reshape(x.shape)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+
+class MoEBlock(nn.Module):
+    """Pre-norm block: attention, then the mixture of experts, each added to the residual."""
+
+    def __init__(self, args: MoEArgs) -> None:
+        super().__init__()
+        self.attention = Attention(args)  # type: ignore[arg-type]  # reads MoEArgs' same fields
+        self.feed_forward = MoEFeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class MoETransformer(nn.Module):
+    """Mixture-of-experts language model: token ids ``[B, S]`` to logits ``[B, S, vocab]``."""
+
+    def __init__(self, args: MoEArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(MoEBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("freqs_cos", cos, persistent=False)
+        self.register_buffer("freqs_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Fill the RoPE tables and draw every weight from N(0, 0.02) (norms: ones); the
+        same ``seed`` gives the same weights. Use after ``to_empty(device=...)``."""
+        args = self.args
+        cos, sin = rope_tables(
+            args.head_dim, args.max_seq_len, args.rope_theta, device=self.freqs_cos.device
+        )
+        self.freqs_cos.copy_(cos)
+        self.freqs_sin.copy_(sin)
+        generator = _generator(self.freqs_cos.device, seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            else:
+                nn.init.normal_(param, mean=0.0, std=0.02, generator=generator)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        cos, sin = self.freqs_cos[:seq], self.freqs_sin[:seq]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
