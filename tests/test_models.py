@@ -218,7 +218,7 @@ def test_the_registry_builds_each_reference_kind_with_its_inputs_and_limits():
 
 
 def test_the_registry_refuses_unknown_kinds_and_bad_arguments_by_name():
-    with pytest.raises(PlanError, match="'gpt5' is not known; allowed: llama3, mlp, hf:"):
+    with pytest.raises(PlanError, match="'gpt5' is not known; allowed: llama3, moe, mlp, hf:"):
         model_kind("gpt5")
     with pytest.raises(PlanError, match="hidden"):
         model_kind("mlp").check({"hidden": 0})

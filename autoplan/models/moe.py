@@ -111,6 +111,12 @@ class MoEArgs:
             )
 
     @property
+    def head_size(self) -> int:
+        """Channels per head (``head_dim``, resolved when built)."""
+        assert self.head_dim is not None, "__post_init__ resolves head_dim"
+        return self.head_dim
+
+    @property
     def kv_heads(self) -> int:
         """Number of key/value heads, with ``None`` resolved to ``n_heads``."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -255,6 +261,9 @@ class MoEBlock(nn.Module):
 class MoETransformer(nn.Module):
     """Mixture-of-experts language model: token ids ``[B, S]`` to logits ``[B, S, vocab]``."""
 
+    freqs_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    freqs_sin: torch.Tensor
+
     def __init__(self, args: MoEArgs) -> None:
         super().__init__()
         self.args = args
@@ -262,7 +271,7 @@ class MoETransformer(nn.Module):
         self.layers = nn.ModuleList(MoEBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        cos, sin = rope_tables(args.head_size, args.max_seq_len, args.rope_theta)
         self.register_buffer("freqs_cos", cos, persistent=False)
         self.register_buffer("freqs_sin", sin, persistent=False)
 
@@ -272,7 +281,7 @@ class MoETransformer(nn.Module):
         same ``seed`` gives the same weights. Use after ``to_empty(device=...)``."""
         args = self.args
         cos, sin = rope_tables(
-            args.head_dim, args.max_seq_len, args.rope_theta, device=self.freqs_cos.device
+            args.head_size, args.max_seq_len, args.rope_theta, device=self.freqs_cos.device
         )
         self.freqs_cos.copy_(cos)
         self.freqs_sin.copy_(sin)

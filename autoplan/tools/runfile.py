@@ -6,7 +6,7 @@ file, the key, the value and what is allowed; never a traceback from inside.
 
 Schema::
 
-    model:    {name: llama3 | mlp, args: {...ModelArgs / MLPArgs fields}}
+    model:    {name: llama3 | moe | mlp, args: {...ModelArgs / MoEArgs / MLPArgs fields}}
               | {hf: gpt2 | llama | qwen2 | mistral, config: {...transformers config fields}}
     inputs:   {batch: int, seq: int, placements: ["S(0)R", ...]}   # seq: tokens per sample
     mesh:     {shape: [8, 8], names: [dp, tp]}
@@ -178,7 +178,7 @@ def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
 
 
 def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
-    """``model: {name: llama3 | mlp, args: {...}}`` -> (name, args), checked."""
+    """``model: {name: llama3 | moe | mlp, args: {...}}`` -> (name, args), checked."""
     if "config" in model:
         raise RunFileError(
             f"{source}: model.config belongs to a Hugging Face model (model.hf); "
