@@ -106,7 +106,7 @@ def test_groups_route_apart_and_a_sequence_must_split_into_them():
 )
 def test_bad_arguments_are_refused_by_name(change, words):
     with pytest.raises(PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        MoEArgs(**(dataclasses.asdict(tiny_moe()) | {"head_dim": None} | change))
+        MoEArgs(**(dataclasses.asdict(tiny_moe()) | {"head_dim": 0} | change))
 
 
 def test_on_mixtral_dims_the_planner_shards_the_experts_by_expert():

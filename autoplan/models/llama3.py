@@ -18,7 +18,9 @@ Reference: https://github.com/meta-llama/llama3/blob/main/llama/model.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -206,10 +208,34 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
+class DecoderArgs(Protocol):
+    """What the decoder's attention, norms, embeddings and RoPE tables read of a model's
+    arguments (:class:`ModelArgs`, :class:`autoplan.models.moe.MoEArgs`)."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def norm_eps(self) -> float: ...
+    @property
+    def rope_theta(self) -> float: ...
+    @property
+    def max_seq_len(self) -> int: ...
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with grouped-query key/value heads and RoPE."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: DecoderArgs) -> None:
         super().__init__()
         self.n_heads = args.n_heads
         self.n_kv_heads = args.kv_heads
@@ -249,13 +275,15 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm block: attention then SwiGLU, each added to the residual stream."""
+class DecoderBlock(nn.Module):
+    """Pre-norm block: attention then a feed-forward (``feed_forward()`` makes it, after the
+    attention, so a model built on a device draws its weights in this order), each added to
+    the residual stream."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: DecoderArgs, feed_forward: Callable[[], nn.Module]) -> None:
         super().__init__()
         self.attention = Attention(args)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.feed_forward = feed_forward()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 
@@ -264,17 +292,25 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class Transformer(nn.Module):
-    """LLaMA-3 language model: token ids ``[B, S]`` to logits ``[B, S, vocab_size]``."""
+class TransformerBlock(DecoderBlock):
+    """LLaMA-3's block: attention then SwiGLU."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__(args, lambda: FeedForward(args.dim, args.hidden_dim))
+
+
+class Decoder(nn.Module):
+    """A decoder-only language model: token ids ``[B, S]`` to logits ``[B, S, vocab_size]``,
+    through ``args.n_layers`` blocks that ``block()`` makes."""
 
     freqs_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
     freqs_sin: torch.Tensor
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: DecoderArgs, block: Callable[[], nn.Module]) -> None:
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(block() for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Non-persistent: the tables are derived from args, so checkpoints need not hold them.
@@ -314,6 +350,15 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         return self.output(self.norm(h))
+
+
+class Transformer(Decoder):
+    """LLaMA-3 language model: token ids ``[B, S]`` to logits ``[B, S, vocab_size]``."""
+
+    args: ModelArgs
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__(args, lambda: TransformerBlock(args))
 
 
 def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:

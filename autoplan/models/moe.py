@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.core.errors import PlanError
-from autoplan.models.llama3 import Attention, RMSNorm, _generator, rope_tables
+from autoplan.models.llama3 import Decoder, DecoderBlock, _generator
 
 SCORES = ("softmax", "sigmoid")
 
@@ -47,8 +47,8 @@ class MoEArgs:
     """Number of query heads."""
     n_kv_heads: int | None = None
     """Number of key/value heads (grouped-query attention); ``None`` means ``n_heads``."""
-    head_dim: int | None = None
-    """Channels per head; ``None`` means ``dim // n_heads`` (resolved when built)."""
+    head_dim: int = 0
+    """Channels per head; 0 means ``dim // n_heads`` (resolved when the arguments are made)."""
     vocab_size: int = 32000
     """Number of token ids."""
     n_experts: int = 8
@@ -96,7 +96,11 @@ class MoEArgs:
         for name in ("capacity_factor", "norm_eps", "rope_theta"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name} ({getattr(self, name)}) must be positive.")
-        if self.head_dim is None:
+        if self.head_dim < 0:
+            raise PlanError(
+                f"head_dim ({self.head_dim}) must be positive, or 0 for dim // n_heads."
+            )
+        if self.head_dim == 0:
             if self.dim % self.n_heads != 0:
                 raise PlanError(
                     f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}), "
@@ -109,12 +113,6 @@ class MoEArgs:
             raise PlanError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})."
             )
-
-    @property
-    def head_size(self) -> int:
-        """Channels per head (``head_dim``, resolved when built)."""
-        assert self.head_dim is not None, "__post_init__ resolves head_dim"
-        return self.head_dim
 
     @property
     def kv_heads(self) -> int:
@@ -243,59 +241,30 @@ class MoEFeedForward(nn.Module):
         return out
 
 
-class MoEBlock(nn.Module):
+class MoEBlock(DecoderBlock):
     """Pre-norm block: attention, then the mixture of experts, each added to the residual."""
 
     def __init__(self, args: MoEArgs) -> None:
-        super().__init__()
-        self.attention = Attention(args)  # type: ignore[arg-type]  # reads MoEArgs' same fields
-        self.feed_forward = MoEFeedForward(args)
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        super().__init__(args, lambda: MoEFeedForward(args))
 
 
-class MoETransformer(nn.Module):
+class MoETransformer(Decoder):
     """Mixture-of-experts language model: token ids ``[B, S]`` to logits ``[B, S, vocab]``."""
 
-    freqs_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
-    freqs_sin: torch.Tensor
+    args: MoEArgs
 
     def __init__(self, args: MoEArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(MoEBlock(args) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args.head_size, args.max_seq_len, args.rope_theta)
-        self.register_buffer("freqs_cos", cos, persistent=False)
-        self.register_buffer("freqs_sin", sin, persistent=False)
+        super().__init__(args, lambda: MoEBlock(args))
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
-        """Fill the RoPE tables and draw every weight from N(0, 0.02) (norms: ones); the
-        same ``seed`` gives the same weights. Use after ``to_empty(device=...)``."""
-        args = self.args
-        cos, sin = rope_tables(
-            args.head_size, args.max_seq_len, args.rope_theta, device=self.freqs_cos.device
-        )
-        self.freqs_cos.copy_(cos)
-        self.freqs_sin.copy_(sin)
+        """Fill the RoPE tables and draw every weight from N(0, 0.02) (norms: ones), the
+        experts' included; the same ``seed`` gives the same weights. Use after
+        ``to_empty(device=...)``."""
+        self.init_buffers()
         generator = _generator(self.freqs_cos.device, seed)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
             else:
                 nn.init.normal_(param, mean=0.0, std=0.02, generator=generator)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.shape[1]
-        cos, sin = self.freqs_cos[:seq], self.freqs_sin[:seq]
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.output(self.norm(h))
