@@ -8,6 +8,7 @@ that reproduces each row.
     python scripts/bench.py --row configs/tiny.yaml:einsum
     python scripts/bench.py --row configs/llama3_8b.yaml:native:cbc:plan.time_limit_s=300
     python scripts/bench.py --repeat 3             # each row 3 times, the median of each figure
+    python scripts/bench.py --section moe --row configs/mixtral_8x7b.yaml:einsum  # a table of its own
 
 A row is ``CONFIG[:MODE[:SOLVER[:KEY=VALUE,...]]]``; the KEY=VALUE pairs are
 run-file overrides, as ``autoplan plan --set`` takes them. With ``--repeat N``
@@ -168,6 +169,9 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per row; figures are their medians"
     )
+    parser.add_argument(
+        "--section", default="planning", help="the RESULTS.md section the table replaces"
+    )
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be 1 or more, got {args.repeat}")
@@ -185,8 +189,9 @@ def main() -> None:
             print(f"failed: {spec}\n{exc.stderr[-2000:]}", flush=True)
             continue
         print(_table(rows[-1:]).splitlines()[-1], flush=True)
+    title = "planning" if args.section == "planning" else f"planning: {args.section}"
     text = (
-        "# autoplan planning benchmarks\n\n"
+        f"# autoplan {title} benchmarks\n\n"
         f"Command: `{' '.join(['python scripts/bench.py', *sys.argv[1:]])}`  \n"
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}. Peak RSS: the planning process's (CBC runs as a "
@@ -203,7 +208,7 @@ def main() -> None:
         + "\n\nEach row alone:\n\n"
         f"{_commands(rows)}\n"
     )
-    write_section(args.out, "planning", text)
+    write_section(args.out, args.section, text)
     print(f"wrote {args.out}")
 
 
