@@ -7,7 +7,14 @@ import pytest
 
 import autoplan
 from autoplan.core.config import CHECKPOINT_MODES
+from autoplan.ilp.bound.incumbent import footprint, priced
+from autoplan.ilp.formulation.build import build_ilp
+from autoplan.ilp.reductions.followers import collapse_followers
+from autoplan.ilp.solver.solve import solve
+from autoplan.memory.layer_modes import layer_modes, mode_boundary
+from autoplan.memory.recompute import checkpointed, layer_names, recompute_set
 from tests.helpers.planning import plan_tiny_llama
+from tests.helpers.priced import priced_tiny_llama
 
 
 def _plan(budget: float, mode: str) -> autoplan.Plan:
@@ -40,3 +47,38 @@ def test_auto_mixes_modes_across_layers_when_that_is_cheaper():
             assert auto.objective_us < uniform.objective_us, mode
     full = [n for n in auto.recompute if auto.node_placements[n]["op"] == "aten.einsum.default"]
     assert full  # a full layer's matmuls run again
+
+
+def test_every_mix_of_layer_modes_is_priced_as_its_recomputation_runs():
+    """For one plan's placements under each of several per-layer modes, the mode-expanded
+    table's time equals the exact price of that recomputation and its memory row the
+    exact kept bytes plus the parameters' state."""
+    traced, table, costs, allowed = priced_tiny_llama(3, (2, 2))
+    reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
+    space = layer_modes(traced, table, costs, reduction)
+    layers = layer_names(traced)
+    assert set(space.layers.values()) == set(layers)
+    found = solve(build_ilp(space.costs, allowed=space.allowed(allowed), prune=False))
+    own, modes = space.split(found.choice)
+    assert set(modes.values()) == {"none"}  # no budget: recomputing only adds time
+    mixes = [{layer: mode for layer in layers} for mode in CHECKPOINT_MODES]
+    mixes += [
+        dict(zip(layers, ("full", "none", "selective"), strict=True)),
+        dict(zip(layers, ("selective", "full", "none"), strict=True)),
+    ]
+    for mix in mixes:
+        expanded = {
+            v: CHECKPOINT_MODES.index(mix[space.layers[v]]) * space.widths[v] + i
+            if v in space.widths
+            else i
+            for v, i in own.items()
+        }
+        exact, _ = checkpointed(traced, table, costs, recompute_set(traced, mix), counted=True)
+        plan = reduction.expand(own)
+        assert priced(space.costs.compute, space.costs.edges, expanded) == pytest.approx(
+            priced(exact.compute, exact.edges, plan), rel=1e-9
+        ), mix
+        assert footprint(space.costs.memory, expanded) == pytest.approx(
+            footprint(exact.memory, plan), rel=1e-12
+        ), mix
+        assert space.split(expanded) == (own, mix)

@@ -4,77 +4,19 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-import torch
 
-import autoplan
-from autoplan.core.config import CHECKPOINT_MODES
-from autoplan.cost.price import price
-from autoplan.ilp.bound.incumbent import footprint, priced
+from autoplan.ilp.bound.incumbent import priced
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.reductions.followers import collapse_followers
 from autoplan.ilp.solver.solve import solve
 from autoplan.memory.layer_modes import layer_modes, mode_boundary
-from autoplan.memory.recompute import checkpointed, layer_names, recompute_set
-from autoplan.models.llama3 import Transformer, tiny
-from autoplan.rewrite import rewrite
-from autoplan.strategies.constraints import allowed_strategies
-from autoplan.strategies.enumerate import enumerate_strategies
-from autoplan.trace.capture import trace_joint
-
-
-def _tiny(layers: int, shape: tuple[int, ...], *, routes: bool = False):
-    mesh = autoplan.fake_mesh(shape, ("dp", "tp")[: len(shape)])
-    with torch.device("meta"):
-        model = Transformer(tiny(layers))
-    traced, _ = rewrite(
-        trace_joint(model, lambda: torch.randint(0, 128, (8, 32))), mm_mode="einsum"
-    )
-    table = enumerate_strategies(traced, mesh)
-    costs = price(table, traced, autoplan.Topology(), routes=routes)
-    allowed, _ = allowed_strategies(traced, table, ["S(0)" + "R" * (len(shape) - 1)], None, None)
-    return traced, table, costs, allowed
-
-
-def test_every_mix_of_layer_modes_is_priced_as_its_recomputation_runs():
-    """For one plan's placements under each of several per-layer modes, the mode-expanded
-    table's time equals the exact price of that recomputation and its memory row the
-    exact kept bytes plus the parameters' state."""
-    traced, table, costs, allowed = _tiny(3, (2, 2))
-    reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
-    space = layer_modes(traced, table, costs, reduction)
-    layers = layer_names(traced)
-    assert set(space.layers.values()) == set(layers)
-    found = solve(build_ilp(space.costs, allowed=space.allowed(allowed), prune=False))
-    own, modes = space.split(found.choice)
-    assert set(modes.values()) == {"none"}  # no budget: recomputing only adds time
-    mixes = [{layer: mode for layer in layers} for mode in CHECKPOINT_MODES]
-    mixes += [
-        dict(zip(layers, ("full", "none", "selective"), strict=True)),
-        dict(zip(layers, ("selective", "full", "none"), strict=True)),
-    ]
-    for mix in mixes:
-        expanded = {
-            v: CHECKPOINT_MODES.index(mix[space.layers[v]]) * space.widths[v] + i
-            if v in space.widths
-            else i
-            for v, i in own.items()
-        }
-        exact, _ = checkpointed(traced, table, costs, recompute_set(traced, mix), counted=True)
-        plan = reduction.expand(own)
-        assert priced(space.costs.compute, space.costs.edges, expanded) == pytest.approx(
-            priced(exact.compute, exact.edges, plan), rel=1e-9
-        ), mix
-        assert footprint(space.costs.memory, expanded) == pytest.approx(
-            footprint(exact.memory, plan), rel=1e-12
-        ), mix
-        assert space.split(expanded) == (own, mix)
+from tests.helpers.priced import priced_tiny_llama
 
 
 def test_a_layer_takes_one_mode_even_where_its_prices_would_split_it():
     """Choices that give one layer's nodes two modes are impossible (an infinite price):
     the links and block diagonal edges join every root of a layer."""
-    traced, table, costs, allowed = _tiny(2, (2, 2))
+    traced, table, costs, allowed = priced_tiny_llama(2, (2, 2))
     reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
     space = layer_modes(traced, table, costs, reduction)
     found = solve(build_ilp(space.costs, allowed=space.allowed(allowed), prune=False))
@@ -90,7 +32,7 @@ def test_a_route_priced_edge_stays_a_flow_whose_routes_cost_its_prices():
     """An edge into a recomputed node keeps its route network, one copy per mode: the
     network's distances between the edge's states are its mode-expanded prices, so the
     ILP's flow prices it as the pairs would."""
-    traced, table, costs, allowed = _tiny(2, (2, 2), routes=True)
+    traced, table, costs, allowed = priced_tiny_llama(2, (2, 2), routes=True)
     reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
     space = layer_modes(traced, table, costs, reduction)
     moded = [e for e in space.costs.edges if e.net is not None and e.net.size > len(e.col_state)]
