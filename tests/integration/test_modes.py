@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from autoplan.ilp.solver import modes as modes_module
 from autoplan.ilp.solver import solve as solve_module
 from autoplan.ilp.solver.solve import solve
+from tests.helpers.brute_force import best_within
 from tests.helpers.ilp_problems import ilp_model, moded_problem
 
 SEEDS = range(30)
@@ -29,3 +34,18 @@ def test_the_cases_branch_and_prune(monkeypatch):
     for seed in SEEDS:
         solve(ilp_model(moded_problem(seed)))
     assert counts["branches"] >= 30 and counts["mips"] < counts["branches"]
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_branching_on_modes_reaches_the_optimum(seed, solver):
+    """solve() with modes in the problem gives brute force's optimum, proved."""
+    p = moded_problem(seed)
+    best = best_within(p)
+    sol = solve(ilp_model(p), solver=solver)
+    if not math.isfinite(best):
+        assert sol.status == "infeasible"
+        return
+    assert sol.status == "optimal"
+    assert sol.objective_us == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert sol.bound_us == pytest.approx(best, rel=1e-9, abs=1e-9)

@@ -11,34 +11,14 @@ from autoplan.ilp.bound.dual import Ascent
 from autoplan.ilp.bound.relax import relax
 from autoplan.ilp.solver.modes import mode_groups, restrict
 from autoplan.ilp.solver.solve import solve
-from tests.helpers.brute_force import problem_plans
+from tests.helpers.brute_force import best_within
 from tests.helpers.ilp_problems import ilp_model, moded_problem
 
 SEEDS = range(30)
 
 
-def _best(p, keep=lambda choice: True) -> float:
-    """The cheapest plan of ``p`` within its budget that ``keep`` accepts (inf: none)."""
-    return min((c for choice, c in problem_plans(p) if keep(choice)), default=math.inf)
-
-
 def _mode(p, r: str, i: int) -> int:
     return i // p.blocks[r][1]
-
-
-@pytest.mark.parametrize("solver", ["cbc", "highs"])
-@pytest.mark.parametrize("seed", SEEDS)
-def test_the_branching_on_modes_reaches_the_optimum(seed, solver):
-    """solve() with modes in the problem gives brute force's optimum, proved."""
-    p = moded_problem(seed)
-    best = _best(p)
-    sol = solve(ilp_model(p), solver=solver)
-    if not math.isfinite(best):
-        assert sol.status == "infeasible"
-        return
-    assert sol.status == "optimal"
-    assert sol.objective_us == pytest.approx(best, rel=1e-9, abs=1e-9)
-    assert sol.bound_us == pytest.approx(best, rel=1e-9, abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -50,7 +30,7 @@ def test_a_restriction_holds_exactly_the_plans_in_its_mode(seed):
     for members in mode_groups(p).values():
         for k in range(len(p.linear[members[0]]) // p.blocks[members[0]][1]):
             child = restrict(model, members, k)
-            want = _best(
+            want = best_within(
                 p, lambda c, members=members, k=k: _mode(p, members[0], c[members[0]]) == k
             )
             if child is None:
@@ -83,6 +63,6 @@ def test_an_ascent_seeded_from_its_parent_starts_at_its_bound_or_higher(seed):
         start = seeded.result().bound
         assert start >= rel.dual.bound - 1e-9 * max(1.0, abs(rel.dual.bound))
         seeded.raise_bound()
-        best = _best(child.reduced)
+        best = best_within(child.reduced)
         assert seeded.result().bound <= best + 1e-9 * max(1.0, abs(best))
         assert np.isfinite(start)

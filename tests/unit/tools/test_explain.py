@@ -15,44 +15,22 @@ from autoplan.tools.cli import main
 from autoplan.tools.compare import write_compare
 from autoplan.tools.explain import explain, format_explain
 from autoplan.tools.rebuild import PlanMismatchError, rebuild
-from autoplan.tools.run_plan import run_plan
 from autoplan.tools.runfile import load_run
 from autoplan.trace.capture import trace_joint
+from tests.helpers.runs import EXPLAIN_LLAMA_RUN, EXPLAIN_MLP_RUN, plan_saved
 
-MLP = """
-model: {name: mlp, args: {dim: 64, hidden: 256, n_layers: 2}}
-inputs: {batch: 16, seq: 32, placements: ["S(0)R"]}
-mesh: {shape: [2, 2], names: [dp, tp]}
-plan: {mm_mode: einsum, collapse_followers: false, cluster_layers: false}
-topology: h100
-"""
-# Devices slow enough that the MLP's compute, not the per-kernel floor, sets its time, so
+# Devices slow enough that the EXPLAIN_MLP_RUN's compute, not the per-kernel floor, sets its time, so
 # data parallelism (keeping the batch sharded) beats computing replicated.
 SLOW_DEVICES = (
     "{device: {name: slow, peak_bf16_tflops: 0.01, peak_fp32_tflops: 0.01, hbm_gbps: 10, "
     "memory_gib: 80}}"
 )
-LLAMA = """
-model: {name: llama3, args: {dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 1, vocab_size: 64,
-        multiple_of: 32, max_seq_len: 16}}
-inputs: {batch: 4, seq: 16}
-mesh: {shape: [2], names: [dp]}
-"""
-
-
-def _planned(tmp_path, text=MLP, overrides=()):
-    path = tmp_path / "run.yaml"
-    path.write_text(text)
-    run = load_run(path, list(overrides))
-    saved = tmp_path / "plan.json"
-    run_plan(run, quiet=True).save(saved)
-    return run, str(path), str(saved)
 
 
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory):
-    """A tiny MLP planned with no follower merging and no tying: the ILP is exact."""
-    run, config, saved = _planned(tmp_path_factory.mktemp("exact"))
+    """A tiny EXPLAIN_MLP_RUN planned with no follower merging and no tying: the ILP is exact."""
+    run, config, saved = plan_saved(tmp_path_factory.mktemp("exact"))
     return rebuild(run, Plan.load(saved)), config, saved
 
 
@@ -99,9 +77,9 @@ def test_parameter_explained_by_fqn(exact):
 
 def test_alternative_names_the_input_edge_and_its_all_gather(tmp_path):
     """With the input fixed to S(0) on dp, reading it replicated costs an all_gather over dp on that edge."""
-    run, _, saved = _planned(
+    run, _, saved = plan_saved(
         tmp_path,
-        MLP.replace("[2, 2], names: [dp, tp]", "[4], names: [dp]")
+        EXPLAIN_MLP_RUN.replace("[2, 2], names: [dp, tp]", "[4], names: [dp]")
         .replace('"S(0)R"', '"S(0)"')
         .replace("topology: h100", f"topology: {SLOW_DEVICES}"),
     )
@@ -150,7 +128,7 @@ def test_plan_from_another_run_file_is_refused(exact, capsys):
 def test_node_kinds_of_a_llama(tmp_path):
     """Parameter readers take their parameter's kind; RMSNorm's internals are norm."""
     path = tmp_path / "llama.yaml"
-    path.write_text(LLAMA)
+    path.write_text(EXPLAIN_LLAMA_RUN)
     run = load_run(path)
     traced = trace_joint(run.build_model(), run.input_fn())
     kinds = node_kinds(traced)
@@ -173,7 +151,9 @@ def test_compare_chart_numbers_sum_to_each_plan(tmp_path, capsys):
     """compare --out writes JSON and a PNG whose per-kind numbers add up to each mode's totals."""
     path = tmp_path / "run.yaml"
     path.write_text(
-        MLP.replace("collapse_followers: false, cluster_layers: false", "cluster_layers: true")
+        EXPLAIN_MLP_RUN.replace(
+            "collapse_followers: false, cluster_layers: false", "cluster_layers: true"
+        )
         .replace("[2, 2], names: [dp, tp]", "[4], names: [dp]")
         .replace('"S(0)R"', '"S(0)"')
     )
@@ -219,18 +199,3 @@ def test_a_worse_choice_is_reported_as_missed(exact, tmp_path):
     assert best["strategy"] == before["strategy"]
     assert best["delta_us"] == pytest.approx(-worse["delta_us"])
     assert "missed a better plan" in format_explain(after)
-
-
-@pytest.mark.parametrize("mode", ["none", "auto"])
-def test_rebuild_reasons_about_the_groups_and_twins_the_solver_had(tmp_path, mode):
-    """explain's merged groups and twins are the solver's, with auto's layer modes too:
-    as many nodes merged into a root and tied to a twin as the plan's ILP counted."""
-    text = LLAMA.replace("n_layers: 1", "n_layers: 3")
-    sets = [f"plan.activation_checkpointing={mode}", "plan.memory_budget_gib=1"]
-    run, _, saved = _planned(tmp_path, text, sets)
-    plan = Plan.load(saved)
-    rb = rebuild(run, plan)
-    merged = sum(1 for v, r in rb.root.items() if v != r)
-    tied = sum(1 for v, r in rb.twin.items() if v != r)
-    assert plan.ilp_size["merged"] > 0 and plan.ilp_size["tied"] > 0
-    assert (merged, tied) == (plan.ilp_size["merged"], plan.ilp_size["tied"])
