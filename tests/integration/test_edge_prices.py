@@ -18,8 +18,9 @@ import torch
 
 import autoplan
 from autoplan.core.topology import Topology
-from autoplan.core.torch_adapter import _StridedShard
+from autoplan.core.torch_adapter import Partial, Replicate, Shard, _StridedShard
 from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.price import price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.models.llama3 import Transformer, tiny
@@ -62,3 +63,28 @@ def test_every_edge_of_a_tiny_llama_equals_pair_by_pair_prices(mm_mode, mesh_sha
         check_pairs(e.cost, rows, cols, e.tensor.shape, e.tensor.dtype_bytes, refs, sample, what)
     assert impossible, "some moves (S -> P) should be impossible"
     assert strided or mm_mode == "einsum", "native mode should offer _StridedShard placements"
+
+
+def test_one_pricer_across_shapes_forms_and_partial_kinds():
+    """One pricer reused across shapes that do and do not divide by the flattened groups
+    (which decides whether PP -> S(0)S(0) is one reduce-scatter), strided shards of two split
+    factors and two Partial kinds equals both references on every pair."""
+    axis = [
+        Replicate(),
+        Partial(),
+        Partial("avg"),
+        Shard(0),
+        Shard(1),
+        _StridedShard(0, split_factor=2),
+        _StridedShard(0, split_factor=4),
+    ]
+    for mesh_shape in [(2, 2), (2, 4), (2, 2, 2)]:
+        pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(Topology())))
+        refs = (RedistributeModel(mesh_shape, CollectiveModel(Topology())), Oracle(mesh_shape))
+        placements = list(itertools.product(axis, repeat=len(mesh_shape)))
+        rows, cols = placements[::5], placements[1::4]
+        pairs = list(itertools.product(range(len(rows)), range(len(cols))))
+        for shape, dtype_bytes in [((16, 8), 2), ((6, 12), 2), ((8, 6), 4), ((1024, 4096), 2)]:
+            fast = pricer.matrix(rows, cols, shape, dtype_bytes)
+            check_pairs(fast, rows, cols, shape, dtype_bytes, refs, pairs, f"{mesh_shape} {shape}")
+        assert np.isinf(fast).any() and (fast == 0).any() and (fast > 0).any()

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import autoplan
 from autoplan.core.placements import fmt
 from autoplan.models import hf
 from autoplan.result.plan import Plan
@@ -186,3 +187,27 @@ def test_autoplan_sdpa_is_registered_by_building_or_preparing_only():
         "build_hf": [True, True],
         "prepare": [True, True],
     }
+
+
+def test_a_users_own_hf_model_is_prepared_to_plan_like_build_hfs():
+    """LlamaForCausalLM(LlamaConfig(...)) as a user builds it: refused with the fix while it
+    keeps a KV cache; after hf.prepare, planned with its attention sharded (no fallback)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+
+    def batch():
+        ids = torch.randint(0, 64, (8, 16))
+        return {"input_ids": ids, "labels": ids}
+
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    with pytest.raises(ValueError, match=r"KV cache: set model\.config\.use_cache = False"):
+        autoplan.plan(model, batch, mesh)
+    plan = autoplan.plan(hf.prepare(model), batch, mesh, input_placements="S(0)R")
+    assert plan.status == "optimal"
+    assert not any("attention" in op for op in plan.fallback_ops), plan.fallback_ops

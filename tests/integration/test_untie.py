@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+import autoplan
 from autoplan.cost.price import CostTable
 from autoplan.ilp.bound.relax import relax
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.solver.solve import solve
 from autoplan.ilp.solver.stage import solve_ilp
 from autoplan.ilp.untying.untie import worth_untying
+from autoplan.models.mlp import TinyMLP
 from tests.helpers.brute_force import brute_force, footprint, step_time
 from tests.helpers.ilp_problems import (
     budget_between,
@@ -43,3 +46,26 @@ def test_untied_plan_fits_is_priced_exactly_and_is_never_dearer(seed):
     assert footprint(costs, untied.choice) <= budget
     assert untied.objective_us == pytest.approx(step_time(costs, untied.choice))
     assert brute_force(costs, budget=budget) - 1e-9 <= untied.objective_us <= tied.objective_us
+
+
+def test_planner_unties_a_budgeted_mlp_stack_to_the_untied_optimum():
+    """Six identical MLP blocks under a binding budget: tied + untie matches the ILP with no ties."""
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    with torch.device("meta"):
+        model = TinyMLP(dim=64, hidden=256, n_layers=6)
+    plans = {}
+    for cluster_layers, untie in ((True, True), (True, False), (False, False)):
+        config = autoplan.PlanConfig(
+            memory_budget_gib=1.5 * 2**20 / 2**30,  # half the free plan's 3 MiB
+            cluster_layers=cluster_layers,
+            untie_under_budget=untie,
+        )
+        plans[cluster_layers, untie] = autoplan.plan(
+            model, lambda: torch.randn(32, 64), mesh, config=config
+        )
+    untied, tied_only, plain = plans[True, True], plans[True, False], plans[False, False]
+    assert untied.status == tied_only.status == plain.status == "optimal"
+    assert untied.ilp_size["untied"] > 0 and "split under the memory budget" in untied.summary()
+    assert untied.memory_bytes <= 1.5 * 2**20
+    assert tied_only.objective_us > plain.objective_us * 1.01
+    assert untied.objective_us == pytest.approx(plain.objective_us, rel=1e-6)

@@ -9,7 +9,6 @@ that a change to the shared walk cannot hide from these tests; its one later add
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import numpy as np
@@ -19,32 +18,7 @@ from autoplan.core.torch_adapter import Partial, Replicate, Shard, _StridedShard
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from tests.helpers.price_oracle import Oracle, check_pairs
-
-
-def test_one_pricer_across_shapes_forms_and_partial_kinds():
-    """One pricer reused across shapes that do and do not divide by the flattened groups
-    (which decides whether PP -> S(0)S(0) is one reduce-scatter), strided shards of two split
-    factors and two Partial kinds equals both references on every pair."""
-    axis = [
-        Replicate(),
-        Partial(),
-        Partial("avg"),
-        Shard(0),
-        Shard(1),
-        _StridedShard(0, split_factor=2),
-        _StridedShard(0, split_factor=4),
-    ]
-    for mesh_shape in [(2, 2), (2, 4), (2, 2, 2)]:
-        pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(Topology())))
-        refs = (RedistributeModel(mesh_shape, CollectiveModel(Topology())), Oracle(mesh_shape))
-        placements = list(itertools.product(axis, repeat=len(mesh_shape)))
-        rows, cols = placements[::5], placements[1::4]
-        pairs = list(itertools.product(range(len(rows)), range(len(cols))))
-        for shape, dtype_bytes in [((16, 8), 2), ((6, 12), 2), ((8, 6), 4), ((1024, 4096), 2)]:
-            fast = pricer.matrix(rows, cols, shape, dtype_bytes)
-            check_pairs(fast, rows, cols, shape, dtype_bytes, refs, pairs, f"{mesh_shape} {shape}")
-        assert np.isinf(fast).any() and (fast == 0).any() and (fast > 0).any()
+from tests.helpers.price_oracle import Oracle
 
 
 def test_unfused_reduce_scatter_when_the_dim_does_not_divide():

@@ -58,9 +58,6 @@ def _check_against_brute_force(
     return "optimal"
 
 
-# ---------------------------------------------------------------- build_ilp + solve
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_dag_matches_brute_force(seed):
     """On a random DAG the ILP optimum and its choice's cost equal brute force."""
@@ -125,44 +122,6 @@ def test_memory_budget_below_minimum_is_infeasible(seed):
     assert solve(build_ilp(costs, memory_budget_bytes=smallest - 1), solver="cbc").status == (
         "infeasible"
     )
-
-
-def test_an_ilp_moved_to_a_smaller_budget_is_the_one_built_for_it():
-    """IlpModel.with_budget (the transient's re-solve) gives the matrix build_ilp makes
-    under the smaller budget, and the brute-force optimum there; None where it cannot:
-    a larger budget, one below every footprint, or no memory row to move."""
-    moved_any = 0
-    for seed in range(16):
-        costs = random_costs(seed, memory=True)
-        footprints = sorted({footprint(costs, c) for c in combos(costs)})
-        try:
-            built = [build_ilp(costs, memory_budget_bytes=f) for f in footprints]
-        except InfeasibleError:
-            continue  # an edge no placement pair can take
-        n = len(footprints)
-        for high, low in {(n - 1, n // 2), (n - 2, n // 3), (n // 2, n // 4), (n // 2, 0)}:
-            first = built[high]
-            moved = first.with_budget(footprints[low])
-            if moved is None:
-                has_row = np.isneginf(first.emitted.matrix.row_lower).any()
-                assert not has_row or built[low].infeasible
-                continue
-            moved_any += 1
-            assert first.reduced.budget == footprints[high]  # the first stays as it was
-            want = built[low].emitted.matrix
-            for name in ("cost", "row_lower", "start", "index", "value", "upper"):
-                np.testing.assert_array_equal(
-                    getattr(moved.emitted.matrix, name), getattr(want, name)
-                )
-            np.testing.assert_allclose(moved.emitted.matrix.row_upper, want.row_upper)
-            sol, best = solve(moved, solver="cbc"), brute_force(costs, budget=footprints[low])
-            if math.isfinite(best):
-                assert sol.objective_us == pytest.approx(best, **APPROX)
-            else:
-                assert sol.status == "infeasible"
-            assert first.with_budget(footprints[-1] + 1) is None
-            assert first.with_budget(footprints[0] - 1) is None
-    assert moved_any >= 12
 
 
 def test_memory_budget_binds():
@@ -290,9 +249,9 @@ def test_two_cycle_of_edges_matches_brute_force():
     assert sol.objective_us == pytest.approx(brute_force(costs), **APPROX)
 
 
-# ---------------------------------------------------------------- collapse_followers
-
 S0, S1, R = (Shard(0),), (Shard(1),), (Replicate(),)
+
+
 INFO = TensorInfo(shape=(8, 8), dtype_bytes=4, dtype="float32")
 
 
@@ -395,9 +354,6 @@ def test_collapse_skips_node_that_cannot_take_every_placement():
     edges = (dataclasses.replace(x_v, cost=cost), costs.edges[1])
     reduction = collapse_followers(table, CostTable(costs.compute, edges, costs.memory))
     assert reduction.num_merged == 0
-
-
-# ---------------------------------------------------------------- time limit
 
 
 def test_time_limited_plan_says_so_with_its_gap(meta_mlp, mesh8, monkeypatch):

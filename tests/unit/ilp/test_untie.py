@@ -38,29 +38,6 @@ def test_nothing_to_untie_when_the_budget_does_not_bind():
     assert not worth_untying(model, relax(model))
 
 
-def test_planner_unties_a_budgeted_mlp_stack_to_the_untied_optimum():
-    """Six identical MLP blocks under a binding budget: tied + untie matches the ILP with no ties."""
-    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
-    with torch.device("meta"):
-        model = TinyMLP(dim=64, hidden=256, n_layers=6)
-    plans = {}
-    for cluster_layers, untie in ((True, True), (True, False), (False, False)):
-        config = autoplan.PlanConfig(
-            memory_budget_gib=1.5 * 2**20 / 2**30,  # half the free plan's 3 MiB
-            cluster_layers=cluster_layers,
-            untie_under_budget=untie,
-        )
-        plans[cluster_layers, untie] = autoplan.plan(
-            model, lambda: torch.randn(32, 64), mesh, config=config
-        )
-    untied, tied_only, plain = plans[True, True], plans[True, False], plans[False, False]
-    assert untied.status == tied_only.status == plain.status == "optimal"
-    assert untied.ilp_size["untied"] > 0 and "split under the memory budget" in untied.summary()
-    assert untied.memory_bytes <= 1.5 * 2**20
-    assert tied_only.objective_us > plain.objective_us * 1.01
-    assert untied.objective_us == pytest.approx(plain.objective_us, rel=1e-6)
-
-
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
 @pytest.mark.parametrize("seed", FEASIBLE_MEMORY_SEEDS)
 def test_cutoff_keeps_every_plan_cheaper_than_it(seed, solver):

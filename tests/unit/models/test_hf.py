@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import autoplan
 from autoplan.models import hf
 from autoplan.tools.cli import main
 from autoplan.tools.runfile import RunFileError, load_run
@@ -161,27 +160,3 @@ def test_cli_validate_hf_config(capsys):
     """autoplan validate on the HF gpt2 config reports the model and its parameter count."""
     assert main(["validate", str(GPT2)]) == 0
     assert "model: hf:gpt2, 112,384 parameters" in capsys.readouterr().out
-
-
-def test_a_users_own_hf_model_is_prepared_to_plan_like_build_hfs():
-    """LlamaForCausalLM(LlamaConfig(...)) as a user builds it: refused with the fix while it
-    keeps a KV cache; after hf.prepare, planned with its attention sharded (no fallback)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=64,
-    )  # fmt: skip
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-
-    def batch():
-        ids = torch.randint(0, 64, (8, 16))
-        return {"input_ids": ids, "labels": ids}
-
-    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
-    with pytest.raises(ValueError, match=r"KV cache: set model\.config\.use_cache = False"):
-        autoplan.plan(model, batch, mesh)
-    plan = autoplan.plan(hf.prepare(model), batch, mesh, input_placements="S(0)R")
-    assert plan.status == "optimal"
-    assert not any("attention" in op for op in plan.fallback_ops), plan.fallback_ops
