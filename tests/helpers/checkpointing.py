@@ -1,4 +1,5 @@
-"""The tiny LLaMA job the checkpoint tests share: its batches, loss and how far two state dicts differ."""
+"""The tiny LLaMA job the checkpoint tests share: its batches, its loss and how far two state
+dicts differ."""
 
 from __future__ import annotations
 

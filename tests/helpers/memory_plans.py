@@ -1,4 +1,5 @@
-"""The tiny LLaMA planned for the memory tests, and the categories of a plan's memory breakdown."""
+"""The tiny LLaMA planned for the memory tests, and the categories of a plan's memory
+breakdown."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "output_gra
 
 
 def plan_llama(mesh: tuple[int, ...] = (2, 2), **config) -> autoplan.Plan:
+    """The tiny LLaMA (batch BATCH, seq SEQ, batch sharded) planned on a fake (dp, tp) mesh
+    under ``PlanConfig(**config)``."""
     return plan_tiny_llama(
         autoplan.fake_mesh(mesh, ("dp", "tp")[: len(mesh)]),
         batch=BATCH,

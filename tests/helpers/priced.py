@@ -1,4 +1,5 @@
-"""The tiny LLaMA traced on a fake mesh, with its strategies, prices and allowed strategies (batch sharded on the first axis), for tests that build the ILP themselves."""
+"""The tiny LLaMA traced on a fake mesh, with its strategies, prices and allowed strategies
+(batch sharded on the first axis), for tests that build the ILP themselves."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from autoplan.trace.capture import trace_joint
 
 
 def priced_tiny_llama(layers: int, shape: tuple[int, ...], *, routes: bool = False):
+    """(traced graph, strategy table, costs, allowed strategies) of a ``layers``-layer tiny
+    LLaMA on a fake mesh of ``shape``; ``routes``: edges priced by their cheapest routes."""
     mesh = autoplan.fake_mesh(shape, ("dp", "tp")[: len(shape)])
     with torch.device("meta"):
         model = Transformer(tiny(layers))

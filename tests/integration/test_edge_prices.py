@@ -2,9 +2,9 @@
 
 Two references: ``RedistributeModel.cost_us`` (today's per-pair path, which shares the
 walk on codes), and ``Oracle``, the per-pair walk on DTensor placement objects as
-autoplan had it before codes and edge matrices (commit c0fe833), kept here frozen so
-that a change to the shared walk cannot hide from these tests; its one later addition,
-``_strided_runs``, is written on placement objects too.
+autoplan had it before codes and edge matrices (commit c0fe833), kept frozen in
+tests/helpers/price_oracle.py so that a change to the shared walk cannot hide from these
+tests.
 """
 
 from __future__ import annotations

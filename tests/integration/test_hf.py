@@ -1,4 +1,6 @@
-"""Hugging Face models: run files with ``model.hf`` build, trace, plan and (slow) execute."""
+"""Hugging Face models: run files with ``model.hf`` plan, a user's own model plans like
+``build_hf``'s, plans execute on 4 gloo ranks (slow), and the sdpa registration is
+checked in a fresh interpreter."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Jobs end cleanly: a torchrun job's processes exit 0, never aborting at the interpreter's
-teardown ("terminate called without an active exception", autoplan.runtime.release), and nothing
-in tests, scripts or examples hides such an abort behind ``os._exit``."""
+"""Nothing in tests, scripts or examples hides an abort at the interpreter's teardown behind
+``os._exit`` (autoplan.runtime.release); torchrun jobs exiting cleanly run in
+tests/integration/test_exit.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The README's command lines run as shown: every ``autoplan ...`` line goes through the CLI's
-own parser and runs to the exit code the README gives (a tiny run file where it plans)."""
+"""The README's command lines name only what the CLI has: every verb shown, every flag an
+option of its parser. Running each line to its exit code is in
+tests/integration/test_readme.py."""
 
 from __future__ import annotations
 

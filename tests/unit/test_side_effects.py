@@ -1,5 +1,7 @@
-"""autoplan changes no process-wide state a caller did not ask for: importing it registers
-nothing, and what ``plan()`` changes for its own speed it restores."""
+"""autoplan changes no process-wide state a caller did not ask for: private torch modules
+are imported by the adapter alone, and what ``plan()`` changes for its own speed it
+restores (that importing registers nothing runs in a fresh interpreter, in
+tests/integration/test_side_effects.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The real calibration on gloo ranks: a topology file that loads back, positive fits that
-predict the times they were fitted to, the same on every rank (autoplan.calibrate.run,
-its measuring, fitting and writing)."""
+"""The calibration's public API: ``autoplan.calibrate`` and the options it shares with
+``measure`` (autoplan.calibrate.run). The real calibration on gloo ranks is in
+tests/integration/test_calibrate_run.py."""
 
 from __future__ import annotations
 

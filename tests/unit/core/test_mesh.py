@@ -1,5 +1,6 @@
-"""autoplan.core.mesh.fake_mesh: a planning mesh of any size, and never at the cost of a process
-group autoplan did not create."""
+"""autoplan.core.mesh.fake_mesh: a planning mesh of any size (that it never destroys a
+process group autoplan did not create runs in a fresh interpreter, in
+tests/integration/test_mesh.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Buckets: the grouping rule the plan prices and lowering runs, and the graph rewrite.
+"""Buckets: the grouping rule the plan prices and lowering runs (autoplan.cost.buckets).
 
 Execution of bucketed steps (all_reduce, all_gather and reduce_scatter buckets) equal to
-one device is checked in test_apply's gloo cases, which also assert that the buckets a
-run makes are the ones its plan lists.
+one device is checked in tests/integration/test_apply.py's gloo cases, which also assert
+that the buckets a run makes are the ones its plan lists.
 """
 
 from __future__ import annotations

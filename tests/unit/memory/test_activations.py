@@ -1,6 +1,7 @@
-"""Memory per device: the plan's breakdown (parameters, gradients, optimizer state, saved
-activations, backward transient), the budget that counts activations, and the estimate
-against the peak PyTorch's MemTracker measures on 4 gloo processes."""
+"""Memory per device: the activations a step keeps for its backward, read off the graph
+(autoplan.memory.activations, autoplan.memory.recompute), with and without recomputation.
+Plans under budgets that count activations, and the estimate against the peak PyTorch's
+MemTracker measures on 4 gloo processes, are in tests/integration/test_memory.py."""
 
 from __future__ import annotations
 

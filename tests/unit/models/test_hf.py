@@ -1,4 +1,6 @@
-"""Hugging Face models: run files with ``model.hf`` build, trace, plan and (slow) execute."""
+"""Hugging Face models (autoplan.models.hf): run files with ``model.hf`` build on meta with
+Hugging Face's names, trace and are refused by name when wrong. Planning them through
+run files and executing plans on gloo ranks is in tests/integration/test_hf.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for the reference models in autoplan.models."""
+"""The reference LLaMA-3 (autoplan.models.llama3): shapes, names and numerics against Meta's
+and torch's."""
 
 import dataclasses
 import re

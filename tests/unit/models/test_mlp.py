@@ -1,4 +1,4 @@
-"""Tests for the reference models in autoplan.models."""
+"""The tiny MLP reference model (autoplan.models.mlp)."""
 
 import re
 

@@ -1,10 +1,6 @@
-"""Frozen parameters (``requires_grad=False``): planned, priced and run like any other
-parameter in the forward, with no gradient, no gradient collective and no optimizer state.
-
-The runs go on 4 gloo processes on a 2x2 (dp, tp) mesh: plans are made in this process
-on a fake mesh and handed to the children as JSON (a fake process group and a real gloo
-group must not share a process); each trains a few AdamW steps against one device.
-"""
+"""Frozen parameters (``requires_grad=False``): planned and priced like any other parameter
+in the forward, with no gradient, no gradient collective and no optimizer state. Their
+training on 4 gloo processes against one device is in tests/integration/test_frozen.py."""
 
 from __future__ import annotations
 

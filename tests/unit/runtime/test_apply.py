@@ -1,8 +1,6 @@
-"""apply.parallelize: a planned model on 4 gloo processes matches one device.
-
-Plans are made in this (parent) process on a fake mesh; children get them as JSON,
-because the fake process group and the real gloo group must not share a process.
-"""
+"""apply.parallelize's own checks, in this process before any collective: a plan that does not
+fit the mesh, the model, the graph, the batch or the loss is refused by name. The planned
+model run on 4 gloo processes against one device is in tests/integration/test_apply.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Buckets: the grouping rule the plan prices and lowering runs, and the graph rewrite.
+"""Buckets in lowered programs: the graph rewrite that merges collectives and lays their
+inputs out (autoplan.runtime.bucket_program).
 
 Execution of bucketed steps (all_reduce, all_gather and reduce_scatter buckets) equal to
-one device is checked in test_apply's gloo cases, which also assert that the buckets a
-run makes are the ones its plan lists.
+one device is checked in tests/integration/test_apply.py's gloo cases, which also assert
+that the buckets a run makes are the ones its plan lists.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Weights and checkpoints of a parallelized model, with torch's own state-dict tools.
-
-Four gloo processes on a 2x2 (dp, tp) mesh, as a ``torchrun`` job: a tiny LLaMA planned
-in the job under a memory budget (plan A, sharded) and without one (plan B, other
-placements). The meta model gets its weights from one full state dict broadcast from
-rank 0 (``set_model_state_dict``), trains a step of AdamW under plan A, is saved with
-``torch.distributed.checkpoint``, and is loaded (model and AdamW state) under plan B (through
-``autoplan.runtime.checkpoint.load``) and into a plain one-device model (DCP's own calls): each must hold the same values and take the same next
-step as the run that was not interrupted.
-"""
+"""Checkpoints of a parallelized model in one process: DCP's save and load give back weights,
+optimizer state and step; a checkpoint of another model, or a missing one, is refused by
+name; a meta model with non-persistent buffers needs ``init_fn``. The 4-process job
+(weights broadcast, training, resuming under another plan) is in
+tests/integration/test_checkpoint.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""lower: the scheduling pass on lowered graphs (the lowering itself runs in test_apply's
-gloo cases, which assert the lowered graph's collectives are the priced ones)."""
+"""lower: the scheduling pass on lowered graphs (the lowering itself runs in the gloo cases
+of tests/integration/test_apply.py, which assert the lowered graph's collectives are the
+priced ones)."""
 
 from __future__ import annotations
 

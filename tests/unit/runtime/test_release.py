@@ -1,5 +1,5 @@
 """release: a program's collectives run on aliases the keeper holds until their worker lets
-go (on gloo processes: tests/test_hf_training.py checks no worker is left to free a buffer
+go (on gloo processes: tests/integration/test_hf_training.py checks no worker is left to free a buffer
 once a step returns)."""
 
 from __future__ import annotations
