@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test test-slow lint bench clean
+.PHONY: plan test test-unit test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -22,6 +22,10 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/pytest -q -m "not slow"
+
+# tests/unit only: in-process and fast (under a minute); tests/integration starts processes
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow" tests/unit
 
 test-slow: lint
 	$(VENV)/bin/pytest -q -m slow

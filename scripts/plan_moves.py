@@ -12,7 +12,7 @@ Printed per move: how many edges make it, the collectives that ran and those pri
 whether every rank holds the shard DTensor's ``distribute_tensor`` gives the target
 layout (for a ``Partial`` target, whether the full tensor is the source's). A check of
 real plans for the README (the 70B plan takes minutes); the rule that keeps torch's
-wrong strided moves out of plans is tested in ``tests/test_redistribute_execution.py``.
+wrong strided moves out of plans is tested in ``tests/integration/test_redistribute_execution.py``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ collectives :class:`RedistributeModel` prices and with the shards ``distribute_t
 gives each rank. Prints the counts and every move that differs; moves priced impossible
 (``_strided_ok`` refuses those torch's strided path gets wrong) are not run. ``--via
 dtensor`` runs DTensor's redistribute alone, without ``execute.move``'s relabeling of
-``_S(d,1)``. ``tests/test_redistribute_execution.py`` checks that every move priced
+``_S(d,1)``. ``tests/integration/test_redistribute_execution.py`` checks that every move priced
 possible runs as priced.
 """
 

@@ -8,5 +8,5 @@ inputs as flat tensors, user files written safely, and
 :mod:`~autoplan.core.torch_adapter`, the only module that imports torch's private
 modules (DTensor's placements and rules, fake tensors), re-exporting what the rest needs.
 
-May import: nothing above it (``tests/test_layers.py`` checks every folder's imports).
+May import: nothing above it (``tests/unit/test_layers.py`` checks every folder's imports).
 """

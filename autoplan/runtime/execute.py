@@ -48,14 +48,14 @@ from autoplan.trace.capture import TracedGraph
 # ``einsum`` by decomposing it into views and a bmm, and its view rule cannot carry a
 # dim sharded on two axes through the merge of batch dims (it makes a _StridedShard it
 # then refuses to unflatten), while the einsum strategy itself is checked by running it
-# on local shards (tests/test_strategy_execution.py): so it runs the same way here.
+# on local shards (tests/integration/test_strategy_execution.py): so it runs the same way here.
 LOCAL_OPS = frozenset({torch.ops.aten.einsum.default})
 # The mm family runs on local shards too when a planned input is strided (split factor
 # above 1). DTensor's view rule labels its strided outputs with an explicit shard order
 # and a redistributed tensor carries none; given one of each (``S(1)_S(1,2) x
 # S(0)_S(0,2) -> PP``, the weight gradient of a flattened batch), DTensor's mm dispatch
-# gathers both to R and makes RR, unpriced (tests/test_apply.py). The strategy itself
-# is DTensor's own, checked on local shards (tests/test_strategy_execution.py).
+# gathers both to R and makes RR, unpriced (tests/integration/test_apply.py). The strategy itself
+# is DTensor's own, checked on local shards (tests/integration/test_strategy_execution.py).
 STRIDED_LOCAL_OPS = MM_FAMILY
 
 __all__ = ["PlannedGraph", "collective_counts", "flatten_mesh_groups", "move", "op_name"]
@@ -342,7 +342,7 @@ def move(value: DTensor, mesh: DeviceMesh, want: Placements) -> DTensor:
     torch 2.13's redistribute runs its strided path for ``_S(d,1)``: ``S(0)_S(0,1) ->
     S(0)S(1)`` gathers where ``S(0)S(0) -> S(0)S(1)`` is one all-to-all, so a move with an
     ``_S(d,1)`` on either side can run other collectives than priced through redistribute,
-    and runs the priced ones through this function (tests/test_redistribute_execution.py).
+    and runs the priced ones through this function (tests/integration/test_redistribute_execution.py).
     """
     have, target = tuple(value.placements), plain(want)
     if have != plain(have):

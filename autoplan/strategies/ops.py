@@ -62,7 +62,7 @@ def strided_after_shard(placements: Placements) -> bool:
 
     torch 2.13's view rules mis-propagate this layout (the values they claim
     for the output are not the ones the shards hold: see
-    tests/test_strategy_execution.py), so views do not accept it.
+    tests/integration/test_strategy_execution.py), so views do not accept it.
     """
     seen: set[int] = set()
     for p in placements:

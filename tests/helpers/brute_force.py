@@ -100,3 +100,8 @@ def problem_plans(p: Problem) -> Iterator[tuple[Choice, float]]:
 def brute_force_problem(p: Problem) -> float:
     """The cheapest plan of ``p`` within its budget (inf if none)."""
     return min((cost for _, cost in problem_plans(p)), default=math.inf)
+
+
+def best_within(p, keep=lambda choice: True) -> float:
+    """The cheapest plan of ``p`` within its budget that ``keep`` accepts (inf: none)."""
+    return min((c for choice, c in problem_plans(p) if keep(choice)), default=math.inf)

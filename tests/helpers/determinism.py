@@ -4,7 +4,7 @@
 
 A SPEC is ``CONFIG.yaml`` or ``CONFIG.yaml,key=value,...`` (``--set`` overrides); plan
 number i is saved to ``OUT_DIR/i.json`` with :meth:`autoplan.Plan.save`, the file a user
-keeps. tests/test_determinism.py runs this twice, under other hash seeds and loads, and
+keeps. tests/integration/test_determinism.py runs this twice, under other hash seeds and loads, and
 compares the files byte for byte.
 """
 

@@ -1,4 +1,4 @@
-"""A Hugging Face training step as a job runs it, ending the way jobs end; for tests/test_exit.py.
+"""A Hugging Face training step as a job runs it, ending the way jobs end; for tests/integration/test_exit.py.
 
 Run: ``torchrun --nproc-per-node 4 tests/helpers/hf_step.py``
 

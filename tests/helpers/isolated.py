@@ -8,19 +8,18 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 
 
 def run_isolated(code: str) -> Any:
     """Run ``code`` in a new Python process on this checkout; the JSON it prints last."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=ROOT,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

@@ -85,3 +85,16 @@ def plan_tiny_llama(
         config=config,
         **kwargs,
     )
+
+
+def plan_pinned_llama(pins=None, **kw):
+    """The tiny LLaMA (batch 8, seq 16) planned with HiGHS on a 2 x 2 (dp, tp) mesh under ``pins``."""
+    return plan_tiny_llama(
+        autoplan.fake_mesh((2, 2), ("dp", "tp")),
+        batch=8,
+        seq=16,
+        input_placements=["S(0)R"],
+        pins=pins,
+        config=autoplan.PlanConfig(solver="highs"),  # CBC: 4-20 s on these, HiGHS ~4 s
+        **kw,
+    )

@@ -27,7 +27,7 @@ still more than ``_CLOSE`` above the tied bound, a second pass applies the reduc
 test to every node. The plan is priced exactly and kept only when cheaper.
 
 Nothing is proved about the untied optimum: on layers coupled only by the budget it
-is found exactly (tests/test_untie.py); elsewhere it is the best plan found near the
+is found exactly (tests/integration/test_untie.py); elsewhere it is the best plan found near the
 LP's. :func:`~autoplan.ilp.solver.stage.solve_ilp` runs this between the tied
 relaxation and the tied MIP, whose cutoff is the untied plan's cost.
 """
