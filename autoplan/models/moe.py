@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.core.errors import PlanError
-from autoplan.models.llama3 import Decoder, DecoderBlock, _generator
+from autoplan.models.llama3 import Decoder, DecoderBlock, FeedForward, _generator
 
 SCORES = ("softmax", "sigmoid")
 
@@ -176,19 +176,6 @@ class Experts(nn.Module):
         return torch.einsum("bech,ehd->becd", gate * up, self.w2)
 
 
-class SharedExpert(nn.Module):
-    """The SwiGLU every token goes through beside the routed experts."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class MoEFeedForward(nn.Module):
     """Router, capacity dispatch, experts, combine (see the module docstring)."""
 
@@ -198,7 +185,8 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(args.dim, args.n_experts, bias=False)
         self.experts = Experts(args.n_experts, args.dim, args.expert_dim)
         hidden = args.n_shared_experts * args.expert_dim
-        self.shared = SharedExpert(args.dim, hidden) if args.n_shared_experts else None
+        # the shared experts: one SwiGLU every token goes through beside the routed ones
+        self.shared = FeedForward(args.dim, hidden) if args.n_shared_experts else None
 
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [groups, group, dim]`` -> (dispatch, combine), each ``[groups, group, expert,
