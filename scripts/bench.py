@@ -151,9 +151,10 @@ def _label(row: dict) -> str:
     return f"{stem}, bf16 70 GiB, auto" if REAL_BUDGET in row["spec"] else stem
 
 
-def _commands(rows: list[dict]) -> str:
+def _commands(rows: list[dict], section: str) -> str:
+    into = "" if section == "planning" else f" --section {section}"
     return "\n".join(
-        f"- `python scripts/bench.py --row {r['spec']}"
+        f"- `python scripts/bench.py{into} --row {r['spec']}"
         + (f" --repeat {r['runs']}`" if r.get("runs", 1) > 1 else "`")
         for r in rows
     )
@@ -206,7 +207,7 @@ def main() -> None:
         + "\n\n"
         + _table(rows)
         + "\n\nEach row alone:\n\n"
-        f"{_commands(rows)}\n"
+        f"{_commands(rows, args.section)}\n"
     )
     write_section(args.out, args.section, text)
     print(f"wrote {args.out}")
