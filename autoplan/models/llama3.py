@@ -43,8 +43,9 @@ def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None)
 
 
 @dataclass
-class ModelArgs:
-    """Shape of a LLaMA-3 model. Defaults follow Meta's ``ModelArgs``; see :func:`llama3_8b`."""
+class DecoderShape:
+    """The attention side of a decoder's arguments: what :class:`ModelArgs` and
+    :class:`autoplan.models.moe.MoEArgs` share. Defaults follow Meta's LLaMA-3."""
 
     dim: int = 4096
     """Width of the residual stream."""
@@ -56,10 +57,6 @@ class ModelArgs:
     """Number of key/value heads (grouped-query attention); ``None`` means ``n_heads``."""
     vocab_size: int = 128256
     """Number of token ids."""
-    multiple_of: int = 256
-    """The FFN hidden size is rounded up to a multiple of this."""
-    ffn_dim_multiplier: float | None = None
-    """Optional scale on the FFN hidden size, applied before rounding."""
     norm_eps: float = 1e-5
     """Epsilon inside RMSNorm's square root."""
     rope_theta: float = 500000.0
@@ -67,26 +64,18 @@ class ModelArgs:
     max_seq_len: int = 8192
     """Longest sequence the RoPE tables cover."""
 
-    def __post_init__(self) -> None:
-        for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
+    def _check_shape(self, *positive: str) -> None:
+        """Raise a PlanError for a field out of range: the shared ones and ``positive``."""
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", *positive):
             value = getattr(self, name)
-            if value < 1:
-                raise PlanError(f"{name} ({value}) must be a positive integer.")
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(f"{name} ({value!r}) must be a positive integer.")
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
             if value <= 0:
                 raise PlanError(f"{name} ({value}) must be positive.")
-        for name in ("n_kv_heads", "ffn_dim_multiplier"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise PlanError(f"{name} ({value}) must be positive or None.")
-        if self.dim % self.n_heads != 0:
-            raise PlanError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}).")
-        if self.head_dim % 2 != 0:
-            raise PlanError(
-                f"head_dim ({self.head_dim}) = dim / n_heads must be even, "
-                "because RoPE rotates pairs of channels."
-            )
+        if self.n_kv_heads is not None and self.n_kv_heads <= 0:
+            raise PlanError(f"n_kv_heads ({self.n_kv_heads}) must be positive or None.")
         if self.n_heads % self.kv_heads != 0:
             raise PlanError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})."
@@ -96,6 +85,30 @@ class ModelArgs:
     def kv_heads(self) -> int:
         """Number of key/value heads, with ``None`` resolved to ``n_heads``."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+
+@dataclass
+class ModelArgs(DecoderShape):
+    """Shape of a LLaMA-3 model. Defaults follow Meta's ``ModelArgs``; see :func:`llama3_8b`."""
+
+    multiple_of: int = 256
+    """The FFN hidden size is rounded up to a multiple of this."""
+    ffn_dim_multiplier: float | None = None
+    """Optional scale on the FFN hidden size, applied before rounding."""
+
+    def __post_init__(self) -> None:
+        self._check_shape("multiple_of")
+        if self.ffn_dim_multiplier is not None and self.ffn_dim_multiplier <= 0:
+            raise PlanError(
+                f"ffn_dim_multiplier ({self.ffn_dim_multiplier}) must be positive or None."
+            )
+        if self.dim % self.n_heads != 0:
+            raise PlanError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}).")
+        if self.head_dim % 2 != 0:
+            raise PlanError(
+                f"head_dim ({self.head_dim}) = dim / n_heads must be even, "
+                "because RoPE rotates pairs of channels."
+            )
 
     @property
     def head_dim(self) -> int:

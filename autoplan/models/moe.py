@@ -30,27 +30,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.core.errors import PlanError
-from autoplan.models.llama3 import Decoder, DecoderBlock, FeedForward, _generator
+from autoplan.models.llama3 import Decoder, DecoderBlock, DecoderShape, FeedForward, _generator
 
 SCORES = ("softmax", "sigmoid")
 
 
 @dataclass
-class MoEArgs:
-    """Shape of a mixture-of-experts decoder; see :func:`mixtral_8x7b`, :func:`qwen3_30b_a3b`."""
+class MoEArgs(DecoderShape):
+    """Shape of a mixture-of-experts decoder; see :func:`mixtral_8x7b`, :func:`qwen3_30b_a3b`.
+    The attention side (:class:`~autoplan.models.llama3.DecoderShape`) is LLaMA-3's."""
 
-    dim: int = 4096
-    """Width of the residual stream."""
-    n_layers: int = 32
-    """Number of transformer blocks."""
-    n_heads: int = 32
-    """Number of query heads."""
-    n_kv_heads: int | None = None
-    """Number of key/value heads (grouped-query attention); ``None`` means ``n_heads``."""
+    vocab_size: int = 32000
+    rope_theta: float = 1000000.0
+    max_seq_len: int = 4096
     head_dim: int = 0
     """Channels per head; 0 means ``dim // n_heads`` (resolved when the arguments are made)."""
-    vocab_size: int = 32000
-    """Number of token ids."""
     n_experts: int = 8
     """Routed experts per layer."""
     top_k: int = 2
@@ -69,21 +63,9 @@ class MoEArgs:
     """Tokens routed together (GShard's groups): a sequence is cut into groups of this many
     (the whole sequence when shorter). The dispatch mask holds ``group * experts *
     capacity`` values per group, so it grows with the group, not with the sequence."""
-    norm_eps: float = 1e-5
-    """Epsilon inside RMSNorm's square root."""
-    rope_theta: float = 1000000.0
-    """Base of the RoPE frequencies."""
-    max_seq_len: int = 4096
-    """Longest sequence the RoPE tables cover."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_dim",
-            "group_size", "max_seq_len",
-        ):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise PlanError(f"{name} ({value!r}) must be a positive integer.")
+        self._check_shape("n_experts", "top_k", "expert_dim", "group_size")
         if self.n_shared_experts < 0:
             raise PlanError(f"n_shared_experts ({self.n_shared_experts}) must be 0 or more.")
         if self.top_k > self.n_experts:
@@ -93,9 +75,8 @@ class MoEArgs:
             )
         if self.score not in SCORES:
             raise PlanError(f"score ({self.score!r}) must be one of {', '.join(SCORES)}.")
-        for name in ("capacity_factor", "norm_eps", "rope_theta"):
-            if getattr(self, name) <= 0:
-                raise PlanError(f"{name} ({getattr(self, name)}) must be positive.")
+        if self.capacity_factor <= 0:
+            raise PlanError(f"capacity_factor ({self.capacity_factor}) must be positive.")
         if self.head_dim < 0:
             raise PlanError(
                 f"head_dim ({self.head_dim}) must be positive, or 0 for dim // n_heads."
@@ -109,15 +90,6 @@ class MoEArgs:
             self.head_dim = self.dim // self.n_heads
         if self.head_dim % 2 != 0:
             raise PlanError(f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs.")
-        if self.n_heads % self.kv_heads != 0:
-            raise PlanError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})."
-            )
-
-    @property
-    def kv_heads(self) -> int:
-        """Number of key/value heads, with ``None`` resolved to ``n_heads``."""
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     def group(self, seq: int) -> int:
         """Tokens per routing group for sequences of ``seq`` tokens."""

@@ -14,6 +14,7 @@ branch in each reader.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,31 +81,25 @@ def _on_meta(make: Callable[[Mapping[str, Any]], nn.Module]) -> Callable[..., nn
     return build
 
 
-def _llama3_limit(args: Mapping[str, Any]) -> tuple[int, str, str]:
-    return ModelArgs(**args).max_seq_len, "the model's rotary table", "model.args.max_seq_len"
+def _decoder_kind(name: str, args_cls: type, model_cls: Callable[[Any], nn.Module]) -> ModelKind:
+    """A reference decoder's kind: token inputs, the rotary table bounds the sequence."""
 
+    def limit(args: Mapping[str, Any]) -> tuple[int, str, str]:
+        return args_cls(**args).max_seq_len, "the model's rotary table", "model.args.max_seq_len"
 
-def _moe_limit(args: Mapping[str, Any]) -> tuple[int, str, str]:
-    return MoEArgs(**args).max_seq_len, "the model's rotary table", "model.args.max_seq_len"
+    return ModelKind(
+        name,
+        _fields(args_cls),
+        _checked(lambda a: args_cls(**a)),
+        _on_meta(lambda a: model_cls(args_cls(**a))),
+        lambda a, batch, seq: _tokens(args_cls(**a).vocab_size, batch, seq),
+        limit,
+    )
 
 
 REFERENCE: dict[str, ModelKind] = {
-    "llama3": ModelKind(
-        "llama3",
-        _fields(ModelArgs),
-        _checked(lambda a: ModelArgs(**a)),
-        _on_meta(lambda a: Transformer(ModelArgs(**a))),
-        lambda a, batch, seq: _tokens(ModelArgs(**a).vocab_size, batch, seq),
-        _llama3_limit,
-    ),
-    "moe": ModelKind(
-        "moe",
-        _fields(MoEArgs),
-        _checked(lambda a: MoEArgs(**a)),
-        _on_meta(lambda a: MoETransformer(MoEArgs(**a))),
-        lambda a, batch, seq: _tokens(MoEArgs(**a).vocab_size, batch, seq),
-        _moe_limit,
-    ),
+    "llama3": _decoder_kind("llama3", ModelArgs, Transformer),
+    "moe": _decoder_kind("moe", MoEArgs, MoETransformer),
     "mlp": ModelKind(
         "mlp",
         _fields(MLPArgs),
@@ -116,6 +111,7 @@ REFERENCE: dict[str, ModelKind] = {
 }
 
 
+@functools.cache
 def _hf_kind(kind: str) -> ModelKind:
     def check(args: Mapping[str, Any]) -> None:
         hf.make_config(kind, dict(args))
