@@ -14,6 +14,6 @@
 - ``isolated``: a snippet run in a fresh interpreter, its printed JSON returned.
 - ``apply_plans``, ``checkpointing``, ``frozen_models``, ``memory_plans``: the models and
   plans a unit test and its integration counterpart share.
-- ``price_oracle``: the frozen per-pair redistribution walk edge prices are checked against.
+- ``edge_checks``: an edge's price matrix compared pair by pair with per-pair prices.
 - ``readme``: the README's text and its ``autoplan`` command lines.
 """

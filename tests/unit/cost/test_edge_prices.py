@@ -1,10 +1,8 @@
 """Whole-edge pricing (EdgePricer) equals pair-by-pair pricing, bit for bit.
 
-Two references: ``RedistributeModel.cost_us`` (today's per-pair path, which shares the
-walk on codes), and ``Oracle``, the per-pair walk on DTensor placement objects as
-autoplan had it before codes and edge matrices (commit c0fe833), kept frozen in
-tests/helpers/price_oracle.py so that a change to the shared walk cannot hide from these
-tests.
+The reference is ``RedistributeModel.cost_us``, the per-pair path, whose steps
+tests/integration/test_redistribute_execution.py checks against the collectives DTensor's
+own redistribute runs.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from autoplan.core.torch_adapter import Partial, Replicate, Shard, _StridedShard
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from tests.helpers.price_oracle import Oracle
 
 
 def test_unfused_reduce_scatter_when_the_dim_does_not_divide():
@@ -30,26 +27,28 @@ def test_unfused_reduce_scatter_when_the_dim_does_not_divide():
     for shape, count in [((8, 4), 1), ((6, 4), 2), ((8, 4), 1)]:
         found = redist.steps((p, p), (s0, s0), shape, 2)
         assert found is not None and len(found) == count, shape
-        want = Oracle((2, 2)).cost_us((p, p), (s0, s0), shape, 2)
+        want = RedistributeModel((2, 2), CollectiveModel(Topology())).cost_us(
+            (p, p), (s0, s0), shape, 2
+        )
         assert pricer.matrix([(p, p)], [(s0, s0)], shape, 2)[0, 0] == want
 
 
 def test_moves_on_different_dims_share_a_walk_only_where_the_dims_divide_alike():
     """PP -> S(0)S(0) and PP -> S(1)S(1) on 2x2 fuse into one reduce-scatter only when their
     own dim divides by 4: one pricer asked about (6, 8) and then (8, 6) prices each as the
-    oracle does, and S(0)S(1) -> S(1)S(0) costs what S(1)S(0) -> S(0)S(1) does (one walk)."""
+    pair-by-pair model does, and S(0)S(1) -> S(1)S(0) costs what S(1)S(0) -> S(0)S(1) does (one walk)."""
     mesh = (2, 2)
     pricer = EdgePricer(RedistributeModel(mesh, CollectiveModel(Topology())))
-    oracle = Oracle(mesh)
+    pairwise = RedistributeModel(mesh, CollectiveModel(Topology()))
     p, s0, s1 = Partial(), Shard(0), Shard(1)
     cols = [(s0, s0), (s1, s1)]
     for shape in [(6, 8), (8, 6), (6, 8)]:
         got = pricer.matrix([(p, p)], cols, shape, 2)[0]
-        want = [oracle.cost_us((p, p), c, shape, 2) for c in cols]
+        want = [pairwise.cost_us((p, p), c, shape, 2) for c in cols]
         assert got.tolist() == want, shape
     swap = pricer.matrix([(s0, s1), (s1, s0)], [(s1, s0), (s0, s1)], (8, 8), 2)
     assert swap[0, 0] == swap[1, 1] > 0
-    assert swap[0, 0] == oracle.cost_us((s0, s1), (s1, s0), (8, 8), 2)
+    assert swap[0, 0] == pairwise.cost_us((s0, s1), (s1, s0), (8, 8), 2)
 
 
 def test_equal_placement_tuples_get_one_int_whatever_the_object():
