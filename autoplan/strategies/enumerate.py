@@ -23,7 +23,6 @@ plans autoplan prices and executes use even shards only.
 
 from __future__ import annotations
 
-import itertools
 import operator
 import warnings
 from collections.abc import Iterable, Sequence
@@ -41,21 +40,17 @@ from autoplan.core.graph import (
     static_args,
     tensor_args,
 )
-from autoplan.core.placements import Placements, even_placements, is_even, is_strided
+from autoplan.core.placements import Placements, even_placements, is_strided
 from autoplan.core.torch_adapter import (
     DeviceMesh,
     OpOverload,
-    Partial,
     Placement,
-    Replicate,
     einsum_rules,
-    fill_placeholders,
     has_op_strategy,
-    is_masked_partial,
-    masked_partial_key,
     single_dim_rules,
     tensor_meta,
 )
+from autoplan.strategies.expand import even_only, expand, replicate_all
 from autoplan.strategies.full_mesh import full_mesh_strategies
 from autoplan.strategies.ops import FREE_OPS, MM_FAMILY, has_strided, strided_after_shard
 from autoplan.strategies.table import (
@@ -68,10 +63,6 @@ from autoplan.strategies.table import (
 from autoplan.trace.capture import TracedGraph
 
 aten = torch.ops.aten
-
-
-def _keep_placement(p: Placement | None) -> bool:
-    return not isinstance(p, Partial) or p.reduce_op == "sum"
 
 
 class _Enumerator:
@@ -231,9 +222,8 @@ class _Enumerator:
             found = self._by_rules.get((sig, seen)) if memo else None
             if found is None:
                 width = len(out_infos) + len(in_nodes)
-                found = self._checked(
-                    node, self._expand(rules, seen, len(out_infos), width), in_infos, out_infos
-                )
+                expanded = expand(rules, seen, len(out_infos), width, self.mesh_shape)
+                found = self._checked(node, expanded, in_infos, out_infos)
                 if memo:
                     self._by_rules[sig, seen] = found
             strategies, fallback = found, False
@@ -250,7 +240,7 @@ class _Enumerator:
         else:
             strategies, fallback = [], True
         if not strategies:
-            strategies = [_replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
+            strategies = [replicate_all(len(out_infos), len(in_nodes), self.mesh_shape)]
             fallback = True
         return strategies, fallback
 
@@ -270,7 +260,7 @@ class _Enumerator:
         out_infos: Sequence[TensorInfo | None],
     ) -> list[Strategy]:
         """The even strategies, with _StridedShard only where the op may take it."""
-        kept = self._valid(strategies, in_infos, out_infos)
+        kept = even_only(strategies, in_infos, out_infos, self.mesh_shape, self.masked)
         if not self._strided_ok(node):
             return [s for s in kept if not has_strided(s)]
         if node.target in FREE_OPS:
@@ -333,65 +323,8 @@ class _Enumerator:
                 seen.update(p for p in cand if is_strided(p) and p.split_factor != 1)
         return frozenset(seen)
 
-    def _expand(
-        self, rules: list[list[Any]], seen: frozenset[Placement], num_outs: int, width: int
-    ) -> list[Strategy]:
-        filled = [r for r in fill_placeholders(rules, set(seen)) if all(map(_keep_placement, r))]
-        filled = [r for r in filled if len(r) == width]
-        out = []
-        for combo in itertools.product(filled, repeat=len(self.mesh_shape)):
-            per_tensor = list(zip(*combo, strict=True))
-            outs = tuple(
-                None if any(p is None for p in t) else tuple(t) for t in per_tensor[:num_outs]
-            )
-            ins = tuple(tuple(t) for t in per_tensor[num_outs:])
-            out.append(Strategy(outs=outs, ins=ins))
-        return out
-
-    def _valid(
-        self,
-        strategies: Iterable[Strategy],
-        in_infos: Sequence[TensorInfo | None],
-        out_infos: Sequence[TensorInfo | None],
-    ) -> list[Strategy]:
-        kept = []
-        for s in strategies:
-            if len(s.ins) != len(in_infos):
-                continue
-            pairs = list(zip(s.outs, out_infos, strict=False)) + list(
-                zip(s.ins, in_infos, strict=True)
-            )
-            if all(
-                p is None or i is None or is_even(i.shape, p, self.mesh_shape) for p, i in pairs
-            ):
-                kept.append(self._canonical(s))
-        return kept
-
-    def _canonical(self, s: Strategy) -> Strategy:
-        """One object per distinct masked partial, so placements compare by value.
-
-        DTensor's ``_MaskPartial`` carries a per-instance mask buffer that takes
-        part in equality; two embeddings' partials would otherwise never match.
-        """
-
-        def canon(ps: Placements) -> Placements:
-            if not any(is_masked_partial(p) for p in ps):
-                return ps
-            return tuple(
-                self.masked.setdefault(masked_partial_key(p), p) if is_masked_partial(p) else p
-                for p in ps
-            )
-
-        outs = tuple(None if ps is None else canon(ps) for ps in s.outs)
-        return Strategy(outs=outs, ins=tuple(map(canon, s.ins)))
-
 
 _UNKNOWN: Any = object()  # a signature whose rules were not looked up yet
-
-
-def _replicate_all(num_outs: int, num_ins: int, mesh_shape: Sequence[int]) -> Strategy:
-    rep = tuple(Replicate() for _ in mesh_shape)
-    return Strategy(outs=(rep,) * num_outs, ins=(rep,) * num_ins)
 
 
 def enumerate_strategies(
