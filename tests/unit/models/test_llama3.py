@@ -3,7 +3,6 @@ and torch's."""
 
 import dataclasses
 import re
-import time
 
 import pytest
 import torch
@@ -137,16 +136,11 @@ def test_model_args_validation(overrides, message):
         ModelArgs(**overrides)
 
 
-def test_meta_build_is_fast_and_allocates_nothing():
-    """Building LLaMA3-8B under the meta device takes well under a second and stays on meta."""
-    # The first meta-device normal_ makes torch import torch._dynamo (~2 s, once per
-    # process); warm that up so the timing measures only the model.
-    with torch.device("meta"):
-        Transformer(tiny(n_layers=1))
-    start = time.perf_counter()
+def test_meta_build_allocates_nothing():
+    """LLaMA3-8B built under the meta device stays on meta, buffers included (its speed is
+    a benchmark's, not a test's: a timed assertion fails on a busy machine)."""
     with torch.device("meta"):
         model = Transformer(llama3_8b())
-    assert time.perf_counter() - start < 1.0
     assert all(p.is_meta for p in model.parameters())
     assert all(b.is_meta for b in model.buffers())
     assert model.freqs_cos.shape == (8192, 64)
