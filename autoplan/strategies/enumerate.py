@@ -13,7 +13,8 @@ Where rules come from, in order:
    the cartesian product over axes.
 3. Ops with only a full-mesh DTensor strategy function (views, reductions,
    cat/stack): see :mod:`autoplan.strategies.full_mesh`.
-4. Anything else: full replication, named once in a warning.
+4. An op with no tensor input (``arange``): replicated, its value the same on every rank.
+5. Anything else: full replication, named once in a warning.
 
 Only ``Partial("sum")`` (and the embedding's masked partial) is kept: other
 partial reductions (avg, max, min) multiply the candidates without helping a
@@ -237,6 +238,10 @@ class _Enumerator:
                 node, self.mesh, self._candidates, len(out_infos), check, memos
             )
             fallback = False
+        elif not in_nodes:
+            # a factory op (arange, zeros): its value is the same on every rank, replicated
+            # for free; no rule is missing
+            strategies, fallback = [replicate_all(len(out_infos), 0, self.mesh_shape)], False
         else:
             strategies, fallback = [], True
         if not strategies:

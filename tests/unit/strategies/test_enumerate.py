@@ -108,6 +108,26 @@ def test_op_without_rule_falls_back_to_replicate_with_a_warning():
         assert all(fmt(s.outs[0]) == "R" for n in nodes for s in n.strategies)
 
 
+class _Positions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w + torch.arange(8, dtype=x.dtype)
+
+
+def test_an_op_with_no_tensor_input_is_replicated_without_a_warning(recwarn):
+    """arange (no tensor input, the same value on every rank) is replicated, and neither
+    named as an op without a rule nor warned about."""
+    traced = trace_joint(_Positions(), lambda: torch.randn(4, 8))
+    table = enumerate_strategies(traced, autoplan.fake_mesh((2,), ("dp",)))
+    assert not [w for w in recwarn if "no sharding rule" in str(w.message)]
+    assert table.fallback_ops == ()
+    (node,) = [n for n in table.nodes.values() if n.op == "aten.arange.default"]
+    assert [fmt(s.outs[0]) for s in node.strategies] == ["R"] and not node.fallback
+
+
 def test_strided_variants_appear_exactly_when_an_input_carries_one(llama_traced):
     """An mm offers _StridedShard strategies iff one of its inputs may arrive strided."""
     table = _table(llama_traced, "native")
