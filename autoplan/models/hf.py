@@ -1,6 +1,7 @@
 """Hugging Face ``transformers`` causal LMs as planning inputs: a config dict -> a meta model.
 
-Input: a model kind (``gpt2``, ``llama``, ``qwen2``, ``mistral``) and a mapping of that
+Input: a model kind (``gpt2``, ``llama``, ``qwen2``, ``mistral``, and the mixtures of
+experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``) and a mapping of that
 kind's config fields (``GPT2Config``, ``LlamaConfig``, ...). Output: the ``...ForCausalLM``
 model on the meta device (no weights, no hub access), whose ``forward(input_ids)``
 returns only the logits (what run files plan: one tensor in, the logits out), or with
@@ -16,6 +17,11 @@ Choices made for the trace, not by the user:
 - ``attn_implementation`` is SDPA (``eager`` if the class has no SDPA path). Flash,
   flex and paged kernels cannot run on fake CPU tensors; a config asking for one is
   switched, with a warning. ``eager`` may be asked for explicitly.
+- A mixture of experts runs its experts in the capacity form
+  (:mod:`autoplan.models.hf_experts`, ``experts_implementation="autoplan_capacity"``),
+  the one that traces with static shapes and shards by expert; ``capacity_factor`` and
+  ``group_size`` in the config set its capacity (tokens over it skip an expert, as in
+  :mod:`autoplan.models.moe`).
 - ``use_cache=False``: training has no KV cache.
 - GPT-2's three dropouts default to 0 (large-model pretraining runs without dropout; a
   traced dropout adds random ops and keeps SDPA off its fused kernel). Set
@@ -47,6 +53,7 @@ import torch
 from torch import nn
 
 from autoplan.core.errors import PlanError
+from autoplan.models import hf_experts
 
 if TYPE_CHECKING:  # an optional dependency ([hf]): imported at run time only when used
     from transformers import PreTrainedModel
@@ -56,7 +63,11 @@ KINDS: dict[str, tuple[str, str]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe")  # planned with hf_experts' capacity form
 SDPA = "autoplan_sdpa"
 GPT2_DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -130,12 +141,14 @@ def _classes(kind: str) -> tuple[type, type[nn.Module]]:
 
 
 def config_keys(kind: str) -> tuple[str, ...]:
-    """The config fields ``kind`` accepts: its config class's fields, their aliases, and
-    ``attn_implementation``."""
+    """The config fields ``kind`` accepts: its config class's fields, their aliases,
+    ``attn_implementation``, and for a mixture of experts the capacity form's
+    (:data:`autoplan.models.hf_experts.CONFIG_KEYS`)."""
     config_cls, _ = _classes(kind)
     fields = [f.name for f in dataclasses.fields(config_cls) if f.init]
     aliases = list(getattr(config_cls, "attribute_map", {}))
-    return tuple(sorted(set(fields) | set(aliases) | {"attn_implementation"}))
+    extra = {"attn_implementation", *(hf_experts.CONFIG_KEYS if kind in MOE_KINDS else ())}
+    return tuple(sorted(set(fields) | set(aliases) | extra))
 
 
 def _attention(kind: str, asked: Any, model_cls: type) -> str:
@@ -150,6 +163,33 @@ def _attention(kind: str, asked: Any, model_cls: type) -> str:
         stacklevel=2,  # one location: shown once however often the config is built
     )
     return default
+
+
+def _experts(kind: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The experts implementation and capacity settings of a mixture-of-experts ``kind``,
+    taken out of ``given``: always the capacity form, the only one that traces."""
+    asked = given.pop("experts_implementation", None)
+    if asked not in (None, hf_experts.NAME):
+        warnings.warn(
+            f"autoplan: {kind} experts_implementation={asked!r} cannot be planned (data-dependent "
+            f"shapes, or kernels without sharding rules); planning with {hf_experts.NAME!r}, "
+            "the capacity form (autoplan.models.hf_experts)",
+            stacklevel=3,
+        )
+    out: dict[str, Any] = {"experts_implementation": hf_experts.NAME}
+    factor = given.pop("capacity_factor", hf_experts.CAPACITY_FACTOR)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise HFConfigError(
+            f"capacity_factor ({factor!r}) must be a positive number for hf: {kind}; "
+            f"e.g. {hf_experts.CAPACITY_FACTOR}"
+        )
+    size = given.pop("group_size", hf_experts.GROUP_SIZE)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise HFConfigError(
+            f"group_size ({size!r}) must be a positive integer for hf: {kind}; "
+            f"e.g. {hf_experts.GROUP_SIZE}"
+        )
+    return out | {"capacity_factor": float(factor), "group_size": size}
 
 
 def make_config(kind: str, config: Mapping[str, Any] | None = None) -> Any:
@@ -168,13 +208,14 @@ def make_config(kind: str, config: Mapping[str, Any] | None = None) -> Any:
                 f"allowed: {', '.join(allowed)}"
             )
     attn = _attention(kind, given.pop("attn_implementation", None), model_cls)
+    experts = _experts(kind, given) if kind in MOE_KINDS else {}
     defaults: dict[str, Any] = {"use_cache": False} | dict.fromkeys(TOKEN_IDS)
     if kind == "gpt2":
         defaults |= dict.fromkeys(GPT2_DROPOUTS, 0.0)
     from huggingface_hub.errors import StrictDataclassError  # transformers' config checks
 
     try:
-        cfg = config_cls(**(defaults | given), attn_implementation=attn)
+        cfg = config_cls(**(defaults | given | experts), attn_implementation=attn)
     except (StrictDataclassError, TypeError, ValueError) as exc:
         detail = " ".join(str(exc).split())
         raise HFConfigError(f"not a valid {config_cls.__name__} for hf: {kind}: {detail}") from exc
@@ -211,6 +252,8 @@ def build_hf(
     cfg = make_config(kind, config)
     if cfg._attn_implementation == SDPA:
         _register_sdpa()
+    if kind in MOE_KINDS:
+        hf_experts.register()
     if not logits_only:
         return _built(model_cls, model_cls.__name__, cfg, device)
 
@@ -239,7 +282,8 @@ def prepare(model: PreTrainedModel) -> PreTrainedModel:
     """Your own ``transformers`` causal LM, set up to plan and train as ``build_hf``'s are:
     no KV cache (``config.use_cache = False``) and, if it has an SDPA path, the
     ``autoplan_sdpa`` attention (plain causal attention left to SDPA's ``is_causal``,
-    which can be sharded by heads). Changes ``model``'s config in place; returns it.
+    which can be sharded by heads), and a mixture of experts' capacity-form experts
+    (:mod:`autoplan.models.hf_experts`). Changes ``model``'s config in place; returns it.
 
     Setting the attention registers the name ``autoplan_sdpa`` with ``transformers``
     (process-wide, as :func:`build_hf` does) and leaves it registered: the model looks
@@ -249,6 +293,9 @@ def prepare(model: PreTrainedModel) -> PreTrainedModel:
     if getattr(type(model), "_supports_sdpa", False):
         _register_sdpa()
         model.set_attn_implementation(SDPA)
+    if getattr(model.config, "_experts_implementation", None) is not None:
+        hf_experts.register()
+        model.set_experts_implementation(hf_experts.NAME)
     return model
 
 

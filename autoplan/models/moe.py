@@ -148,6 +148,31 @@ class Experts(nn.Module):
         return torch.einsum("bech,ehd->becd", gate * up, self.w2)
 
 
+def dispatch_masks(
+    chosen: torch.Tensor, top: torch.Tensor, n_experts: int, capacity: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dispatch, combine), each ``[groups, group, expert, capacity]`` in ``dtype``, from each
+    token's ``chosen`` experts and their scores ``top`` (both ``[groups, group, k]``):
+    dispatch is 1 where a token takes a slot of an expert, combine that times the token's
+    score for the expert. Slots go in order of choice, then of position: every token's first
+    choice is placed before any token's second (GShard); a token past an expert's
+    ``capacity`` skips it. Only the scores carry a gradient: the slots are chosen without
+    one, so the backward keeps the mask and ``[groups, group, expert]`` scores."""
+    groups, group, k = chosen.shape
+    experts = torch.arange(n_experts, device=chosen.device)
+    onehot = (chosen[..., None] == experts).float()  # [groups, group, k, expert]
+    gates = (onehot * top[..., None]).sum(2)  # each token's score per expert it chose
+    with torch.no_grad():
+        by_choice = onehot.transpose(1, 2).reshape(groups, k * group, -1)
+        position = by_choice.cumsum(1).reshape(groups, k, group, -1).transpose(1, 2)
+        kept = onehot * (position <= capacity).float()  # position counts from 1
+        slot = (kept * position).sum(2) - 1.0  # [groups, group, expert]; -1: not placed
+        slots = torch.arange(capacity, device=chosen.device)
+        dispatch = (slot[..., None] == slots).to(dtype)
+    combine = dispatch * gates[..., None].to(dtype)
+    return dispatch, combine
+
+
 class MoEFeedForward(nn.Module):
     """Router, capacity dispatch, experts, combine (see the module docstring)."""
 
@@ -161,33 +186,16 @@ class MoEFeedForward(nn.Module):
         self.shared = FeedForward(args.dim, hidden) if args.n_shared_experts else None
 
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [groups, group, dim]`` -> (dispatch, combine), each ``[groups, group, expert,
-        capacity]``: dispatch is 1 where a token takes a slot of an expert, combine that
-        times the token's score for the expert. Only the scores carry a gradient: the
-        slots are chosen without one, so the backward keeps the mask and ``[groups, group,
-        expert]`` scores, not every step that placed the tokens."""
+        """``x [groups, group, dim]`` -> (dispatch, combine) of :func:`dispatch_masks`, from
+        the router's scores of each token's ``top_k`` experts."""
         args = self.args
-        groups, group, _ = x.shape
+        group = x.shape[1]
         logits = self.router(x).float()
         scores = logits.softmax(-1) if args.score == "softmax" else logits.sigmoid()
         top, chosen = scores.topk(args.top_k, dim=-1)  # [groups, group, k]
         if args.norm_topk:
             top = top / top.sum(-1, keepdim=True)
-        experts = torch.arange(args.n_experts, device=x.device)
-        onehot = (chosen[..., None] == experts).float()  # [groups, group, k, expert]
-        gates = (onehot * top[..., None]).sum(2)  # each token's score per expert it chose
-        capacity = args.capacity(group)
-        with torch.no_grad():
-            # Slots in order of choice, then of position: every token's first choice is
-            # placed before any token's second (GShard).
-            by_choice = onehot.transpose(1, 2).reshape(groups, args.top_k * group, -1)
-            position = by_choice.cumsum(1).reshape(groups, args.top_k, group, -1).transpose(1, 2)
-            kept = onehot * (position <= capacity).float()  # position counts from 1
-            slot = (kept * position).sum(2) - 1.0  # [groups, group, expert]; -1: not placed
-            slots = torch.arange(capacity, device=x.device)
-            dispatch = (slot[..., None] == slots).to(x.dtype)
-        combine = dispatch * gates[..., None].to(x.dtype)
-        return dispatch, combine
+        return dispatch_masks(chosen, top, args.n_experts, args.capacity(group), x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape

@@ -32,6 +32,7 @@ GPT2 = CONFIGS / "hf_gpt2_tiny.yaml"
 
 
 LLAMA = CONFIGS / "hf_llama_tiny.yaml"
+MIXTRAL = CONFIGS / "hf_mixtral_tiny.yaml"
 
 
 def _assert_planned(run: Run, plan: Plan) -> None:
@@ -39,8 +40,8 @@ def _assert_planned(run: Run, plan: Plan) -> None:
     assert plan.status == "optimal"
     assert set(plan.param_placements) == names
     assert all(len(p) == 2 for p in plan.param_placements.values())
-    # Only the rotary / position arange lacks a rule; attention is planned, not replicated.
-    assert set(plan.fallback_ops) <= {"aten.arange.default"}, plan.fallback_ops
+    # Every op has a rule (the rotary / position arange is replicated, not a fallback).
+    assert not plan.fallback_ops, plan.fallback_ops
 
 
 @pytest.mark.parametrize("path", [GPT2, LLAMA], ids=["gpt2", "llama"])
@@ -153,6 +154,30 @@ def test_hf_plans_execute_on_4_gloo_ranks(tmp_path):
         assert any("S(" in p for p in results[name]["placed"].values()), results[name]["placed"]
 
 
+@pytest.mark.slow
+def test_an_hf_mixtral_expert_parallel_plan_runs_on_4_gloo_ranks_as_on_one_device(tmp_path):
+    """The tiny Hugging Face Mixtral with every layer's experts split by expert over ep
+    (its capacity-form experts, hf_experts): loss, gradients and one SGD step match one
+    device."""
+    pins = {
+        f"model.layers.{i}.mlp.experts.{w}": "RS(0)"
+        for i in range(2)
+        for w in ("gate_up_proj", "down_proj")
+    }
+    path = tmp_path / "mixtral_ep.yaml"
+    lines = [f'    {fqn}: "{p}"' for fqn, p in pins.items()]
+    path.write_text(MIXTRAL.read_text() + "constraints:\n  pin:\n" + "\n".join(lines) + "\n")
+    case = _case("mixtral_ep", path, ["plan.solver=highs"])
+    result = run_workers(_cases, WORLD, str(tmp_path), [case])[0]["mixtral_ep"]
+    assert {fqn: result["placed"][fqn] for fqn in pins} == pins
+    assert result["loss"][0], f"loss differs by {result['loss'][1]:.3g}"
+    assert not result["missing_grads"], result["missing_grads"]
+    bad = {n: d for n, (ok, d) in result["grads"].items() if not ok}
+    assert not bad, f"gradients differ (max abs diff): {bad}"
+    bad = {n: d for n, (ok, d) in result["sgd"].items() if not ok}
+    assert not bad, f"weights after one SGD step differ: {bad}"
+
+
 def test_autoplan_sdpa_is_registered_by_building_or_preparing_only():
     """In a fresh interpreter: importing, validating a config and building an eager model
     leave transformers' registries alone; build_hf and prepare register autoplan_sdpa."""
@@ -188,6 +213,44 @@ def test_autoplan_sdpa_is_registered_by_building_or_preparing_only():
         "eager": [False, False],
         "build_hf": [True, True],
         "prepare": [True, True],
+    }
+
+
+def test_the_capacity_experts_are_registered_by_building_or_preparing_only():
+    """In a fresh interpreter: importing and validating a Mixtral config leave
+    transformers' experts registry alone; build_hf registers autoplan_capacity, and
+    prepare registers it and sets a user's own Mixtral to it."""
+    seen = run_isolated("""
+        import json
+        import torch
+        from transformers import MixtralConfig, MixtralForCausalLM
+        from transformers.integrations.moe import ExpertsInterface
+        from autoplan.models import hf, hf_experts
+
+        def registered():
+            return hf_experts.NAME in ExpertsInterface._global_mapping
+
+        seen = {"import": registered()}
+        hf.make_config("mixtral", {"num_hidden_layers": 1})
+        seen["config"] = registered()
+        hf.build_hf("mixtral", {"num_hidden_layers": 1, "hidden_size": 32,
+                                "intermediate_size": 48, "num_attention_heads": 4,
+                                "num_key_value_heads": 2})
+        seen["build_hf"] = registered()
+        ExpertsInterface._global_mapping.pop(hf_experts.NAME)
+        config = MixtralConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                               num_key_value_heads=2,
+                               intermediate_size=64, vocab_size=64)
+        with torch.device("meta"):
+            model = hf.prepare(MixtralForCausalLM(config))
+        seen["prepare"] = [registered(), model.config._experts_implementation]
+        print(json.dumps(seen))
+    """)
+    assert seen == {
+        "import": False,
+        "config": False,
+        "build_hf": True,
+        "prepare": [True, "autoplan_capacity"],
     }
 
 

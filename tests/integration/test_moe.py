@@ -1,5 +1,6 @@
-"""The mixture-of-experts model planned and run: the experts placed by the ILP on
-Mixtral's dimensions, and an expert-parallel plan on 4 gloo processes against one device."""
+"""The mixture-of-experts models planned and run: the experts placed by the ILP on
+Mixtral's dimensions (the reference model and transformers' Mixtral), and an
+expert-parallel plan on 4 gloo processes against one device."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
 from autoplan.core.placements import fmt
+from autoplan.models import hf
 from autoplan.models.moe import MoETransformer, mixtral_8x7b, tiny_moe
 from autoplan.result.plan import Plan
 from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
@@ -33,6 +35,32 @@ def test_on_mixtral_dims_the_planner_shards_the_experts_by_expert():
     for placements in experts:
         assert any(fmt((p,)) == "S(0)" for p in placements), fmt(placements)
     assert plan.comm.get("all_to_all", {}).get("count", 0) > 0
+
+
+def test_on_mixtral_dims_the_planner_shards_hugging_faces_experts_by_expert():
+    """transformers' Mixtral (capacity-form experts, hf_experts) with Mixtral-8x7B's two first
+    layers on 8x8: the ILP puts each expert's weights on its own ranks of an axis, as for
+    the reference model, and the dispatch runs as all-to-alls."""
+    pytest.importorskip("transformers")
+    config = {
+        "num_hidden_layers": 2, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "group_size": 1024,
+    }  # fmt: skip
+    plan = autoplan.plan(
+        hf.build_hf("mixtral", config),
+        lambda: torch.randint(0, 32000, (16, 4096)),
+        autoplan.fake_mesh((8, 8), ("dp", "ep")),
+        input_placements=["S(0)R"],
+        config=autoplan.PlanConfig(param_dtype="bfloat16", reduce_dtype="float32"),
+    )
+    assert plan.status == "optimal", plan.message
+    experts = [p for fqn, p in plan.param_placements.items() if ".experts." in fqn]
+    assert len(experts) == 4
+    for placements in experts:
+        assert any(fmt((p,)) == "S(0)" for p in placements), fmt(placements)
+    assert plan.comm.get("all_to_all", {}).get("count", 0) > 0
+    assert not plan.fallback_ops, plan.fallback_ops
 
 
 WORLD = 4
