@@ -321,6 +321,19 @@ def test_all_to_all_across_nodes_runs_at_the_nic_rate():
         assert nic_bound_us < time < 1.25 * nic_bound_us
 
 
+def test_all_to_all_across_nodes_reports_its_network_share_of_one_nic():
+    """An 8 GiB all_to_all over m nodes of 8 H100s: the (n-p)/n of each rank's buffer that
+    leaves its node bounds it, at one 400 Gb/s NIC's 48.5 GB/s, so its bus bandwidth is
+    48.5 x (n-1)/(n-p) GB/s, about m/(m-1) NICs (NCCL's maintainers, nccl-tests#130 and
+    #267), within 3 %."""
+    size = 8 * GiB
+    for m in (2, 4, 8, 16):
+        n = 8 * m
+        time = collective_time_us("all_to_all", size, 8, m, H100)
+        busbw = bus_bandwidth_gbps("all_to_all", size, n, time)
+        assert busbw == pytest.approx(48.5 * (n - 1) / (n - 8), rel=0.03), m
+
+
 def test_bus_bandwidth_uses_nccl_tests_factors():
     """busbw = algbw x 2(n-1)/n for all_reduce and x (n-1)/n for the others."""
     assert bus_bandwidth_gbps("all_reduce", 1e9, 8, 1e6) == pytest.approx(1.75)
