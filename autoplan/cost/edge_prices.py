@@ -88,7 +88,7 @@ class EdgePricer:
         self._walks: dict[bytes, int] = {}  # a form (see _moves_of) -> its move's id
         self._forms: list[int] = []  # per placement tuple: the form of its own codes
         self._form_ids: dict[tuple[tuple[int, int], ...], int] = {}
-        self._grid_walks: dict[int, int] = {}  # a pair's packed form (see _grid) -> move id
+        self._grid_walks: dict[int | bytes, int] = {}  # a pair's packed form (_grid) -> move id
         self._arrays: tuple[np.ndarray, ...] = ()  # see _tables
         self._layouts: dict[tuple[tuple[int, ...], tuple[int, ...], int], _Layout] = {}
         self._times: dict[tuple[int, int], float] = {}
@@ -209,22 +209,31 @@ class EdgePricer:
         column's, and which of the row's axes hold the same placement (or shard the
         same dim) as which of the column's: those pack into one int per pair, made for
         the whole grid in numpy (no dict lookup per pair), and one pair per new int is
-        walked. Meshes of more than three axes do not pack into an int64 and go by pair.
+        walked. Meshes of four or five axes pack into two int64s a pair; larger ones go by
+        pair.
         """
         n = len(self.redist.mesh_shape)
-        if len(self._form_ids) >= 1 << 20 or 2 * n * n + 40 > 63:  # does not pack: by pair
+        if len(self._form_ids) >= 1 << 20 or 2 * n * n > 63:  # does not pack: by pair
             return self._pairs(rows, cols, -1, shape)
         axes, kinds, forms, _ = self._tables()
         ra, rk, ca, ck = axes[rows].T, kinds[rows].T, axes[cols].T, kinds[cols].T
-        key = (forms[rows][:, None] << 20 | forms[cols][None, :]) << (2 * n * n)
+        relation = np.zeros((len(rows), len(cols)), dtype=np.int64)
         shift = 0
         for i, j in itertools.product(range(n), repeat=2):
             held = (rk[i] != R_KIND)[:, None] & (ck[j] != R_KIND)[None, :]
-            key |= (held & (ra[i][:, None] == ca[j][None, :])).astype(np.int64) << (shift + n * n)
+            relation |= (held & (ra[i][:, None] == ca[j][None, :])).astype(np.int64) << (
+                shift + n * n
+            )
             sharded = (rk[i] >= 0)[:, None] & (ck[j] >= 0)[None, :]
-            key |= (sharded & (rk[i][:, None] == ck[j][None, :])).astype(np.int64) << shift
+            relation |= (sharded & (rk[i][:, None] == ck[j][None, :])).astype(np.int64) << shift
             shift += 1
-        distinct, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
+        pair_forms = forms[rows][:, None] << 20 | forms[cols][None, :]
+        if 2 * n * n + 40 <= 63:  # one int64 a pair
+            key = (pair_forms << (2 * n * n) | relation).ravel()
+        else:  # two int64 a pair (meshes of 4 and 5 axes), compared as one 16-byte value
+            both = np.stack([np.broadcast_to(pair_forms, relation.shape), relation], axis=2)
+            key = np.ascontiguousarray(both).reshape(-1, 2).view("V16").ravel()
+        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         ids = np.empty(len(distinct), dtype=np.intp)
         for u, (k, i) in enumerate(zip(distinct.tolist(), first.tolist(), strict=True)):
             m = self._grid_walks.get(k)
@@ -233,7 +242,7 @@ class EdgePricer:
                 m = self._move_id(self._pair(int(rows[r]), int(cols[c]), shape))
                 self._grid_walks[k] = m
             ids[u] = m
-        return ids[inverse].reshape(len(rows), len(cols))
+        return ids[inverse.ravel()].reshape(len(rows), len(cols))
 
     def _pairs(
         self, rows: np.ndarray, cols: np.ndarray, div: int, shape: tuple[int, ...]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from autoplan.core.topology import Topology
 from autoplan.core.torch_adapter import Partial, Replicate, Shard, _StridedShard
@@ -102,18 +103,20 @@ def test_codes_made_in_numpy_are_the_codes_made_pair_by_pair():
         assert got.tolist() == want
 
 
-def test_packed_grid_forms_pick_the_move_of_every_pair():
-    """Random placement tuples on 2x2x2 (S, _S, P, R): _grid's packed forms, made for the
-    whole grid at once, pick _pair's move for every pair whose row cannot fuse a
-    reduce-scatter, on two pricers that meet the tuples in different orders."""
+@pytest.mark.parametrize("mesh", [(2, 2, 2), (2, 2, 2, 2)])
+def test_packed_grid_forms_pick_the_move_of_every_pair(mesh):
+    """Random placement tuples on 2x2x2 and 2x2x2x2 (S, _S, P, R): _grid's packed forms
+    (one int64 a pair on three axes, two on four), made for the whole grid at once, pick
+    _pair's move for every pair whose row cannot fuse a reduce-scatter, on two pricers
+    that meet the tuples in different orders."""
     rng = random.Random(1)
     one = (
         Replicate(), Partial(), Partial("avg"), Shard(0), Shard(1), Shard(2),
         _StridedShard(0, split_factor=2), _StridedShard(1, split_factor=4),
     )  # fmt: skip
-    tuples = [tuple(rng.choice(one) for _ in range(3)) for _ in range(80)]
+    tuples = [tuple(rng.choice(one) for _ in range(len(mesh))) for _ in range(80)]
     for order in (tuples, tuples[::-1]):
-        pricer = EdgePricer(RedistributeModel((2, 2, 2), CollectiveModel(Topology())))
+        pricer = EdgePricer(RedistributeModel(mesh, CollectiveModel(Topology())))
         ids = np.array(pricer.ids(order))
         rows = ids[[not pricer._reduces[i] for i in ids.tolist()]]
         got = pricer._grid(rows, ids, (8, 4, 6))
