@@ -17,38 +17,33 @@ from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
 from tests.helpers.gloo import run_workers
 
 
-def test_on_mixtral_dims_the_planner_shards_the_experts_by_expert():
-    """Mixtral-8x7B's two first layers on 8x8: the ILP puts each expert's weights on its
-    own ranks of an axis (Shard on the expert dim), the dispatch an all-to-all."""
+def _reference_mixtral() -> torch.nn.Module:
     with torch.device("meta"):
-        model = MoETransformer(mixtral_8x7b(n_layers=2))
-    plan = autoplan.plan(
-        model,
-        lambda: torch.randint(0, 32000, (16, 4096)),
-        autoplan.fake_mesh((8, 8), ("dp", "ep")),
-        input_placements=["S(0)R"],
-        config=autoplan.PlanConfig(param_dtype="bfloat16", reduce_dtype="float32"),
-    )
-    assert plan.status == "optimal", plan.message
-    experts = [p for fqn, p in plan.param_placements.items() if ".experts." in fqn]
-    assert len(experts) == 6
-    for placements in experts:
-        assert any(fmt((p,)) == "S(0)" for p in placements), fmt(placements)
-    assert plan.comm.get("all_to_all", {}).get("count", 0) > 0
+        return MoETransformer(mixtral_8x7b(n_layers=2))
 
 
-def test_on_mixtral_dims_the_planner_shards_hugging_faces_experts_by_expert():
-    """transformers' Mixtral (capacity-form experts, hf_experts) with Mixtral-8x7B's two first
-    layers on 8x8: the ILP puts each expert's weights on its own ranks of an axis, as for
-    the reference model, and the dispatch runs as all-to-alls."""
+def _hugging_face_mixtral() -> torch.nn.Module:
     pytest.importorskip("transformers")
     config = {
         "num_hidden_layers": 2, "hidden_size": 4096, "intermediate_size": 14336,
         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
         "num_local_experts": 8, "num_experts_per_tok": 2, "group_size": 1024,
     }  # fmt: skip
+    return hf.build_hf("mixtral", config)
+
+
+@pytest.mark.parametrize(
+    "build, expert_weights",
+    [(_reference_mixtral, 6), (_hugging_face_mixtral, 4)],
+    ids=["reference", "hugging_face"],
+)
+def test_on_mixtral_dims_the_planner_shards_the_experts_by_expert(build, expert_weights):
+    """Mixtral-8x7B's two first layers on 8x8, as the reference model and as transformers'
+    Mixtral (its capacity-form experts, hf_experts): the ILP puts each expert's weights on
+    its own ranks of an axis (Shard on the expert dim), the dispatch an all-to-all, and
+    every op has a sharding rule."""
     plan = autoplan.plan(
-        hf.build_hf("mixtral", config),
+        build(),
         lambda: torch.randint(0, 32000, (16, 4096)),
         autoplan.fake_mesh((8, 8), ("dp", "ep")),
         input_placements=["S(0)R"],
@@ -56,7 +51,7 @@ def test_on_mixtral_dims_the_planner_shards_hugging_faces_experts_by_expert():
     )
     assert plan.status == "optimal", plan.message
     experts = [p for fqn, p in plan.param_placements.items() if ".experts." in fqn]
-    assert len(experts) == 4
+    assert len(experts) == expert_weights
     for placements in experts:
         assert any(fmt((p,)) == "S(0)" for p in placements), fmt(placements)
     assert plan.comm.get("all_to_all", {}).get("count", 0) > 0
