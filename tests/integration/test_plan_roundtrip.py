@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.core.placements import fmt
 from autoplan.result.plan import Plan
 from autoplan.tools.run_plan import run_plan
 from autoplan.tools.runfile import load_run
@@ -76,7 +77,7 @@ def _holds(plan: Plan, text: str) -> list[str]:
     nodes = [
         n for n, e in plan.node_placements.items() if any(text in p for p in e["out"] + e["in"])
     ]
-    routed = [k.rpartition(":")[0] for k, via in plan.routes.items() if any(text in p for p in via)]
+    routed = [node for (node, _), via in plan.routes.items() if any(text in fmt(p) for p in via)]
     return routed + nodes
 
 
@@ -99,7 +100,7 @@ def check_round_trip(run_path: Path, overrides: list[str], tmp_path: Path, marke
     assert marker is None or names, (
         f"no node or route of the plan holds {marker}: pick another case"
     )
-    names += [k.rpartition(":")[0] for k in plan.routes] + list(plan.param_placements)
+    names += [node for node, _ in plan.routes] + list(plan.param_placements)
     sets = [arg for o in overrides for arg in ("--set", o)]
     ran = cli("explain", str(path), names[0], "--config", str(run_path), *sets)
     assert ran.code == 0, ran.err
