@@ -121,7 +121,7 @@ def read_solution(
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": tuple(Bucket(**b) for b in plan_buckets(merged, redist)),
+        "buckets": [Bucket(**b) for b in plan_buckets(merged, redist)],
     }
     return Plan(
         status=status,

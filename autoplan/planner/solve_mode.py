@@ -186,7 +186,7 @@ def _with_modes(
 ) -> dict[str, Any]:
     """``base`` with the recomputed nodes and each layer's mode."""
     return base | {
-        "recompute": tuple(recompute),
+        "recompute": list(recompute),
         "checkpointing": {
             layer: mode.get(layer, "none") if isinstance(mode, Mapping) else mode
             for layer in layer_names(traced)

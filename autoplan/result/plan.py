@@ -88,9 +88,9 @@ class Plan:
     param_placements: dict[str, Placements]
     node_placements: dict[str, NodePlacement]
     routes: dict[Slot, tuple[Placements, ...]] = field(default_factory=dict)
-    buckets: tuple[Bucket, ...] = ()
+    buckets: list[Bucket] = field(default_factory=list)
     checkpointing: dict[str, Annotated[str, OneOf(CHECKPOINT_MODES)]] = field(default_factory=dict)
-    recompute: tuple[str, ...] = ()
+    recompute: list[str] = field(default_factory=list)
     # the report
     objective_us: Cost
     compute_us: Cost

@@ -12,6 +12,7 @@ plans a few cases that cover them all; the slow sweep plans many more.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -151,3 +152,31 @@ def test_many_saved_plans_read_back(kind, mesh, option, tmp_path):
         *OPTIONS[option],
     ]
     check_round_trip(_run_file(kind, tmp_path), overrides, tmp_path, None)
+
+
+# Every run file of configs/: the small ones in the default suite, the large ones slow.
+QUICK_CONFIGS = {"tiny.yaml", "hf_gpt2_tiny.yaml", "hf_llama_tiny.yaml"}
+CONFIG_FILES = [
+    pytest.param(p, marks=() if p.name in QUICK_CONFIGS else pytest.mark.slow, id=p.stem)
+    for p in sorted(CONFIGS.glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("run_path", CONFIG_FILES)
+def test_every_config_plan_is_read_by_the_codec_that_wrote_it(run_path, tmp_path):
+    """Each configs/ run file's plan: loaded equal, written again byte for byte, and every
+    record read by its file keys gives what the file holds (typed and JSON views agree)."""
+    plan = run_plan(load_run(run_path), quiet=True)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == plan and loaded.to_json() + "\n" == path.read_text()
+    data = json.loads(path.read_text())
+    for name, entry in loaded.node_placements.items():
+        assert {k: entry[k] for k in ("op", "out", "in")} == data["node_placements"][name]
+        assert entry["out"] == [fmt(p) for p in entry.out]
+    assert {str(s): [fmt(p) for p in via] for s, via in loaded.routes.items()} == data["routes"]
+    assert [
+        {k: b[k] for k in written}
+        for b, written in zip(loaded.buckets, data["buckets"], strict=True)
+    ] == data["buckets"]
