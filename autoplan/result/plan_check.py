@@ -65,8 +65,9 @@ def check(plan: Plan) -> None:
     _mesh(plan)
     for name in ("objective_us", "compute_us", "comm_us"):
         value = getattr(plan, name)
-        if plan.status != "infeasible" and not math.isfinite(value):  # only it has no cost
-            fail((name,), value, "is not finite", "give a finite number, e.g. 0.0")
+        if plan.status != "infeasible" and not math.isfinite(value):
+            problem = "is not finite (null: no cost, which only an infeasible plan has)"
+            fail((name,), value, problem, "give a finite number, e.g. 0.0")
     _config(plan.config)
     _params(plan)
     axes = _Axes(plan)

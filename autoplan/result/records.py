@@ -89,6 +89,8 @@ class NodePlacement(FileView):
     """One graph node's chosen strategy: its op (``aten.mm.default``, ``placeholder``),
     the placements of its outputs and those each tensor input is moved to."""
 
+    NOUN = "node placement"
+
     op: str
     out: tuple[Slotted, ...]
     inputs: tuple[Slotted, ...] = field(metadata={"key": "in"})
@@ -111,6 +113,8 @@ class NodePlacement(FileView):
 @dataclass(frozen=True)
 class CommTotal(FileView):
     """The collectives of one kind a step runs, as priced: how many, bytes, microseconds."""
+
+    NOUN = "comm entry"
 
     count: int
     bytes: float
