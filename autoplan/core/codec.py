@@ -179,12 +179,13 @@ class Codec:
     def _record(self, cls: type) -> Decoder:
         fields = [(f, f.metadata.get("key", f.name), self._decoder(h)) for f, h in _fields(cls)]
         keys = [k for _, k, _ in fields]
+        known = frozenset(keys)
 
         def read(value: Any, path: Path) -> Any:
             if not isinstance(value, dict):
                 fail(path, value, "is not a JSON object", f"give an object with {', '.join(keys)}")
-            for k in value:
-                if k not in keys:
+            for k in () if known.issuperset(value) else value:
+                if k not in known:
                     close = difflib.get_close_matches(k, keys, n=1)
                     hint = f" (did you mean {json.dumps(close[0])}?)" if close else ""
                     where = f"the key {key_path((*path, k)) if path else json.dumps(k)}"
