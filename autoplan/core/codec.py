@@ -1,10 +1,9 @@
 """A JSON codec driven by type hints: one walk over a type both writes and reads a value.
 
 Input: a type hint (a frozen dataclass, or any hint built of the forms below) and a value
-of it (:meth:`Codec.encode`), or JSON data (:meth:`Codec.decode`). Output: JSON data, or the
-typed value, or a DecodeError
-naming the key path (``node_placements["mm"]["out"][0]``), the value, what is wrong with
-it and what is allowed.
+of it (:meth:`Codec.encode`), or JSON data (:meth:`Codec.decode`). Output: JSON data, or
+the typed value, or a DecodeError naming the key path (``node_placements["mm"]["out"][0]``),
+the value, what is wrong with it and what is allowed.
 
 Why: a file written by one function and read back by another drifts (a plan file once held
 a route its loader refused). Here both directions follow the same hint, so every value
@@ -13,7 +12,8 @@ A library (pydantic, msgspec, cattrs) would need custom hooks for the placements
 own error wording and JSON's non-finite floats anyway; this walk is smaller than that glue.
 
 Forms: a dataclass is an object keyed by its field names (``metadata={"key": ...}``
-renames one); a field with a default may be left out, an unknown key is refused.
+renames one); a field with a default may be left out, an unknown key is refused (messages
+call the record by its ``NOUN`` class attribute, else its class name).
 ``dict[K, V]`` is an object (K ``str``, a string with choices or a leaf written as a
 string); ``list[X]``, ``tuple[X, ...]`` and ``tuple[X, Y]`` are arrays; ``X | None`` is
 ``null`` or X; ``int``, ``float`` (non-finite written ``null``), ``str``, ``bool``; ``Any``
