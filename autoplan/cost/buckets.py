@@ -137,7 +137,7 @@ def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, An
             {
                 "kind": first.kind,
                 "where": where,
-                "axes": list(first.axes),
+                "axes": tuple(first.axes),
                 "members": len(members),
                 "bytes": nbytes,
                 "us": redist.collectives.time_us(first.kind, nbytes, p, m),

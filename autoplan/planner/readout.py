@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.core.config import PlanConfig
-from autoplan.core.placements import fmt
+from autoplan.core.placements import Placements
 from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, state_copies
@@ -26,6 +26,7 @@ from autoplan.cost.redistribute import RedistributeModel
 from autoplan.memory.activations import backward_peak, cotangent_memory
 from autoplan.memory.recompute import stepped_moves
 from autoplan.result.plan import Plan
+from autoplan.result.records import Bucket, CommTotal, NodePlacement, Slot
 from autoplan.strategies.ops import MM_FAMILY, has_strided
 from autoplan.strategies.table import StrategyTable
 from autoplan.trace.capture import TracedGraph
@@ -67,8 +68,8 @@ def read_solution(
     compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
     redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
     comm_us = 0.0
-    comm: dict[str, dict[str, float]] = {}
-    routes: dict[str, list[str]] = {}
+    totals: dict[str, list[float]] = {}  # kind -> count, bytes, us
+    routes: dict[Slot, tuple[Placements, ...]] = {}
     for e in costs.edges:
         r = e.src_group[choice[e.src]]
         c = e.dst_group[choice[e.dst]]
@@ -78,21 +79,18 @@ def read_solution(
             continue
         path = e.route(r, c)
         if len(path) > 2:
-            routes[f"{e.dst}:{e.slot}"] = [fmt(p) for p in path[1:-1]]
+            routes[Slot(e.dst, e.slot)] = tuple(path[1:-1])
         for kind, _axes, nbytes, t in e.route_steps(redist, r, c):
-            entry = comm.setdefault(kind, {"count": 0, "bytes": 0.0, "us": 0.0})
-            entry["count"] += 1
-            entry["bytes"] += nbytes
-            entry["us"] += t
-    node_placements: dict[str, dict[str, Any]] = {}
+            entry = totals.setdefault(kind, [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += nbytes
+            entry[2] += t
+    comm = {kind: CommTotal(int(n), nbytes, us) for kind, (n, nbytes, us) in totals.items()}
+    node_placements = {}
     for v, i in choice.items():
         ns = table.nodes[v]
         s = ns.strategies[i]
-        node_placements[v] = {
-            "op": ns.op,
-            "out": [fmt(p) for p in s.outs],
-            "in": [fmt(p) for p in s.ins],
-        }
+        node_placements[v] = NodePlacement(ns.op, tuple(s.outs), tuple(s.ins))
     params = {
         fqn: table.nodes[pname].strategies[choice[pname]].outs[0]
         for fqn, pname in zip(traced.param_fqns, traced.params, strict=True)
@@ -123,7 +121,7 @@ def read_solution(
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": plan_buckets(merged, redist),
+        "buckets": [Bucket(**b) for b in plan_buckets(merged, redist)],
     }
     return Plan(
         status=status,

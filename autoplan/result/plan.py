@@ -1,9 +1,10 @@
 """The plan: the solver's answer as placements people and ``parallelize`` can read.
 
 Input: built by :func:`autoplan.planner.pipeline.plan`. Output: a frozen :class:`Plan`
-that prints a summary and saves to / loads from JSON exactly (placements are
-stored in DTensor's short form, ``S(0)R``); a load checks every field
-(:mod:`autoplan.result.plan_check`).
+of typed records (:mod:`autoplan.result.records`) that prints a summary and saves to /
+loads from JSON exactly: the file is written and read by one codec walking the same
+types (:data:`autoplan.result.records.CODEC`; placements in DTensor's short form,
+``S(0)R``), and a load checks what spans fields (:mod:`autoplan.result.plan_check`).
 """
 
 from __future__ import annotations
@@ -12,84 +13,110 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 from autoplan.core import user_files
+from autoplan.core.codec import OneOf
+from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.core.errors import PlanError
 from autoplan.core.placements import Placements, fmt
-from autoplan.result.plan_check import MEMORY_CATEGORIES, STATUSES, plan_fields, read_text
+from autoplan.result.plan_check import read_plan, read_text
+from autoplan.result.records import (
+    BREAKDOWN_KEYS,
+    CODEC,
+    MEMORY_CATEGORIES,
+    STATUSES,
+    Bucket,
+    CommTotal,
+    Cost,
+    NodePlacement,
+    Signed,
+    Size,
+    Slot,
+)
 
 PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A sharding plan for one model on one mesh.
+    """A sharding plan for one model on one mesh: the solution, its report and where it
+    comes from.
 
-    ``param_placements`` maps a parameter FQN to one placement per mesh axis;
-    ``node_placements`` maps a graph node to ``{"op", "out", "in"}`` in short
-    form; ``timings`` gives seconds per phase (not saved: see :meth:`to_json`);
-    ``ilp_size`` the solver's
-    variables and constraints; ``comm`` the priced collectives by kind
-    (count, bytes, microseconds); ``memory_bytes`` the per-device bytes the memory budget
+    The solution: ``param_placements`` maps a parameter FQN to one placement per mesh
+    axis; ``node_placements`` maps a graph node to its :class:`NodePlacement` (op, output
+    and input placements). ``routes`` the input moves that run as a chain of
+    redistributions (:mod:`autoplan.cost.routes`), keyed by the node's tensor input
+    (:class:`Slot`, ``"node:slot"`` in the file), each with the placements the tensor
+    passes between its producer's and the node's. ``buckets`` lists the collectives of
+    ``comm`` that run merged (:class:`Bucket`, :mod:`autoplan.cost.buckets`).
+    ``checkpointing`` maps each layer to its activation-checkpointing mode and
+    ``recompute`` lists the forward nodes the backward computes again
+    (:mod:`autoplan.memory.recompute`).
+
+    The report: ``timings`` gives seconds per phase (not saved: see :meth:`to_json`);
+    ``ilp_size`` the solver's variables and constraints; ``comm`` the priced collectives
+    by kind (:class:`CommTotal`); ``memory_bytes`` the per-device bytes the memory budget
     caps: parameters, gradients and optimizer state, and the activations kept for the
     backward and the output's gradient when the budget counts them
     (``PlanConfig.activation_memory``, or ``activation_checkpointing="auto"``).
     ``memory_breakdown`` splits a device's peak bytes into ``parameters``,
     ``gradients``, ``optimizer``, ``activations`` (the returned output among them),
     ``output_grad`` (the output's gradient the backward holds,
-    :func:`autoplan.memory.activations.cotangent_memory`) and ``transient``, the backward's
-    peak beyond them (:func:`autoplan.memory.activations.backward_peak`). ``checkpointing`` maps each layer
-    to its activation-checkpointing mode and ``recompute`` lists the forward nodes the
-    backward computes again (:mod:`autoplan.memory.recompute`). ``routes`` the input moves that
-    run as a chain of redistributions (:mod:`autoplan.cost.routes`), keyed
-    ``"node:slot"`` (slot: the node's tensor input), each with the placements the
-    tensor passes between its producer's and the node's. ``bound_us`` is the solver's
-    proven lower bound on the step time (of plans with tied twins when the plan splits
-    some, see ``message``; None when there is none) and :attr:`gap` the plan's distance
-    above it: at most ``mip_gap`` for an ``optimal`` plan. ``loss_fn`` names the loss the
-    graph was traced with (``"mean"``: the default) and ``graph_fingerprint`` is the digest
-    of that graph (:func:`autoplan.core.graph.fingerprint`), which ``parallelize`` compares with
-    its own trace; empty in plans saved before it was recorded. ``buckets`` lists the
-    collectives of ``comm`` that run merged (:mod:`autoplan.cost.buckets`): kind,
-    ``where`` (head: parameter gathers; tail: gradient reductions), mesh ``axes``,
-    ``members``, ``bytes``, merged price ``us`` and the members' own ``us_alone``.
-    ``input_shapes`` and ``input_keys`` give each input's global shape and its position
-    or keyword (:mod:`autoplan.core.inputs`), in the graph's input order; plans saved before
-    keys were recorded have none (positional inputs).
+    :func:`autoplan.memory.activations.cotangent_memory`) and ``transient``, the
+    backward's peak beyond them (:func:`autoplan.memory.activations.backward_peak`).
+    ``bound_us`` is the solver's proven lower bound on the step time (of plans with tied
+    twins when the plan splits some, see ``message``; None when there is none) and
+    :attr:`gap` the plan's distance above it: at most ``mip_gap`` for an ``optimal`` plan.
+
+    Where it comes from: the mesh, the config, the parameters' and inputs' shapes.
+    ``loss_fn`` names the loss the graph was traced with (``"mean"``: the default) and
+    ``graph_fingerprint`` is the digest of that graph
+    (:func:`autoplan.core.graph.fingerprint`), which ``parallelize`` compares with its own
+    trace; empty in plans saved before it was recorded. ``input_shapes`` and
+    ``input_keys`` give each input's global shape and its position or keyword
+    (:mod:`autoplan.core.inputs`), in the graph's input order; plans saved before keys
+    were recorded have none (positional inputs).
     """
 
-    status: str
-    objective_us: float
-    compute_us: float
-    comm_us: float
+    NOUN: ClassVar[str] = "plan"
+
+    # the solution
+    status: Annotated[str, OneOf(STATUSES)]
     param_placements: dict[str, Placements]
-    node_placements: dict[str, dict[str, Any]]
-    timings: dict[str, float] = field(compare=False)  # wall clock, not part of the plan
-    ilp_size: dict[str, int]
-    mesh_shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    config: dict[str, Any] = field(default_factory=dict)
-    message: str = ""
-    comm: dict[str, dict[str, float]] = field(default_factory=dict)
+    node_placements: dict[str, NodePlacement]
+    routes: dict[Slot, tuple[Placements, ...]] = field(default_factory=dict)
+    buckets: list[Bucket] = field(default_factory=list)
+    checkpointing: dict[str, Annotated[str, OneOf(CHECKPOINT_MODES)]] = field(default_factory=dict)
+    recompute: list[str] = field(default_factory=list)
+    # the report
+    objective_us: Cost
+    compute_us: Cost
+    comm_us: Cost
+    bound_us: Signed | None = None
+    comm: dict[str, CommTotal] = field(default_factory=dict)
     memory_bytes: float = 0.0
+    memory_breakdown: dict[Annotated[str, OneOf(BREAKDOWN_KEYS)], float] = field(
+        default_factory=dict
+    )
+    timings: dict[str, float] = field(default_factory=dict, compare=False)  # wall clock
+    ilp_size: dict[str, int]
     graph_nodes: int = 0
     solver: str = "cbc"
+    message: str = ""
+    stats: dict[str, Signed] = field(default_factory=dict)
+    fallback_ops: tuple[str, ...] = ()
+    # where it comes from
+    mesh_shape: tuple[Size, ...]
+    axis_names: tuple[str, ...]
+    config: dict[str, Any] = field(default_factory=dict)
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     input_shapes: tuple[tuple[int, ...], ...] = ()
     input_keys: tuple[int | str, ...] = ()
-    fallback_ops: tuple[str, ...] = ()
-    stats: dict[str, float] = field(default_factory=dict)
-    routes: dict[str, list[str]] = field(default_factory=dict)
-    bound_us: float | None = None
     loss_fn: str = "mean"
     graph_fingerprint: str = ""
-    buckets: list[dict[str, Any]] = field(default_factory=list)
-    memory_breakdown: dict[str, float] = field(default_factory=dict)
-    checkpointing: dict[str, str] = field(default_factory=dict)
-    recompute: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -98,9 +125,9 @@ class Plan:
     def collective_counts(self, *, bucketed: bool = True) -> dict[str, int]:
         """Collectives per kind one step runs: merged as ``buckets`` says, or one per
         priced move (``bucketed=False``, as ``parallelize(..., bucket_mib=0)`` runs)."""
-        counts = {kind: int(c["count"]) for kind, c in self.comm.items()}
+        counts = {kind: c.count for kind, c in self.comm.items()}
         for b in self.buckets if bucketed else ():
-            counts[b["kind"]] -= b["members"] - 1
+            counts[b.kind] -= b.members - 1
         return counts
 
     def _memory_line(self) -> str:
@@ -131,17 +158,10 @@ class Plan:
         ``timings=True``: :meth:`save` writes the default form, and planning a
         run file twice writes byte-identical files.
         """
-        d = asdict(self)
+        d = CODEC.encode(self, Plan)
         if not timings:
             del d["timings"]
-        d["param_placements"] = {k: fmt(v) for k, v in self.param_placements.items()}
-        d["mesh_shape"] = list(self.mesh_shape)
-        d["axis_names"] = list(self.axis_names)
-        d["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
-        d["fallback_ops"] = list(self.fallback_ops)
-        d["input_shapes"] = [list(s) for s in self.input_shapes]
-        d["input_keys"] = list(self.input_keys)
-        return json.dumps(_strict(d), indent=1, sort_keys=True, allow_nan=False)
+        return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
         """Write the deterministic JSON (no timings); :meth:`load` reads it back. The file
@@ -150,15 +170,16 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "<json>") -> Plan:
-        """The plan in ``text``, every field checked (:mod:`autoplan.result.plan_check`); a
-        :class:`~autoplan.core.errors.PlanError` naming ``source``, the key and the fix if not."""
-        return cls(**plan_fields(text, source=source))
+        """The plan in ``text``, read by the codec that wrote it and checked across fields
+        (:mod:`autoplan.result.plan_check`); a :class:`~autoplan.core.errors.PlanError`
+        naming ``source``, the key and the fix if not."""
+        return read_plan(cls, text, source=source)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         """The plan saved at ``path`` (:meth:`save`), checked as :meth:`from_json` does; a
         file that cannot be read (missing, a directory, not UTF-8) is a PlanError too."""
-        return cls(**plan_fields(read_text(path), source=str(path), out=str(path)))
+        return read_plan(cls, read_text(path), source=str(path), out=str(path))
 
     # -- reading ------------------------------------------------------------------
 
@@ -173,7 +194,7 @@ class Plan:
     def estimated_step_us(self) -> float:
         """The step ``parallelize`` runs, as priced: the objective with the plan's buckets
         (each bucket's collectives run as one)."""
-        return self.objective_us - sum(b["us_alone"] - b["us"] for b in self.buckets)
+        return self.objective_us - sum(b.us_alone - b.us for b in self.buckets)
 
     def summary(self) -> str:
         """Timings, ILP size, status, objective split and parameter placements by kind."""
@@ -216,17 +237,17 @@ class Plan:
             )
         if self.comm:
             lines.append("collectives:")
-            for kind, c in sorted(self.comm.items(), key=lambda kv: -kv[1]["us"]):
+            for kind, c in sorted(self.comm.items(), key=lambda kv: -kv[1].us):
                 lines.append(
-                    f"  {kind:<15} x{int(c['count']):<5} {c['bytes'] / 2**20:12.1f} MiB  {c['us'] / 1e3:9.3f} ms"
+                    f"  {kind:<15} x{c.count:<5} {c.bytes / 2**20:12.1f} MiB  {c.us / 1e3:9.3f} ms"
                 )
         merged: dict[str, list[float]] = {}
         for b in self.buckets:  # per kind: moves, buckets, their own and merged price
-            row = merged.setdefault(b["kind"], [0, 0, 0.0, 0.0])
-            row[0] += b["members"]
+            row = merged.setdefault(b.kind, [0, 0, 0.0, 0.0])
+            row[0] += b.members
             row[1] += 1
-            row[2] += b["us_alone"]
-            row[3] += b["us"]
+            row[2] += b.us_alone
+            row[3] += b.us
         for kind, (moves, buckets, alone, us) in merged.items():
             lines.append(
                 f"  bucketed: {int(moves)} {kind} moves run as {int(buckets)} collectives "
@@ -276,14 +297,3 @@ def param_groups(placements: dict[str, Placements]) -> dict[str, Counter[str]]:
     for fqn, p in placements.items():
         groups[param_kind(fqn)][fmt(p)] += 1
     return dict(groups)
-
-
-def _strict(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None, at any depth."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value

@@ -330,4 +330,9 @@ def input_placements(plan: Plan) -> list[Placements]:
         (n for n, e in plan.node_placements.items() if n.startswith(INPUT_PREFIX)),
         key=lambda n: int(n.removeprefix(INPUT_PREFIX)),
     )
-    return [parse(plan.node_placements[n]["out"][0], len(plan.mesh_shape)) for n in names]
+    out = []
+    for n in names:
+        placed = plan.node_placements[n].out[0]
+        assert placed is not None, f"the plan places input {n} as a tensor"
+        out.append(placed)
+    return out

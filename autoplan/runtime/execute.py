@@ -38,9 +38,10 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.core.errors import PlanError
 from autoplan.core.graph import arg_int, arg_node, map_args, source_name, tensor_args
-from autoplan.core.placements import Placements, fmt, is_strided, made_by_op_only, parse, plain
+from autoplan.core.placements import Placements, fmt, is_strided, made_by_op_only, plain, same
 from autoplan.core.torch_adapter import flatten_axes, redistribute
 from autoplan.result.plan import Plan
+from autoplan.result.records import Slot
 from autoplan.strategies.ops import MM_FAMILY
 from autoplan.trace.capture import TracedGraph
 
@@ -73,7 +74,7 @@ _KINDS = {
 def collective_counts(comm_counts: dict[Any, int]) -> dict[str, int]:
     """``CommDebugMode.get_comm_counts()`` in the plan's vocabulary (``plan.comm``'s kinds).
 
-    Compare it with ``{k: v["count"] for k, v in plan.comm.items()}`` to check that one
+    Compare it with ``{k: v.count for k, v in plan.comm.items()}`` to check that one
     training step ran exactly the collectives the plan priced.
     """
     out: dict[str, int] = {}
@@ -103,20 +104,11 @@ def flatten_mesh_groups(mesh: DeviceMesh) -> list[DeviceMesh]:
 @dataclass(frozen=True)
 class _Step:
     node: fx.Node
-    ins: tuple[Placements | str | None, ...]
-    outs: tuple[Placements | str | None, ...]
+    ins: tuple[Placements | None, ...]
+    outs: tuple[Placements | None, ...]
     # per tensor input, the placements its move passes on the way (plan.routes)
     via: tuple[tuple[Placements, ...], ...]
     local: bool  # run on local shards (LOCAL_OPS, or STRIDED_LOCAL_OPS on strided inputs)
-
-
-def _parse_entry(text: str | None, num_axes: int) -> Placements | str | None:
-    """Planned placements from the plan's short form (:func:`autoplan.core.placements.parse`);
-    one only its producing op makes stays a string, compared with what the op made."""
-    if text is None or text == "-":
-        return None
-    placements = parse(text, num_axes)
-    return text if made_by_op_only(placements) else placements
 
 
 class PlannedGraph:
@@ -137,10 +129,9 @@ class PlannedGraph:
         self.traced, self.plan, self.mesh = traced, plan, mesh
         self.reduce_dtype = reduce_dtype
         self.deviations: list[str] = []
-        num_axes = mesh.ndim
         missing, wrong_op = [], []
         self._steps: list[_Step] = []
-        self._outs: dict[str, tuple[Placements | str | None, ...]] = {}
+        self._outs: dict[str, tuple[Placements | None, ...]] = {}
         for node in traced.gm.graph.nodes:
             if node.op == "output":
                 continue
@@ -150,16 +141,12 @@ class PlannedGraph:
             if entry is None:
                 missing.append(node.name)
                 continue
-            if entry["op"] != op:
-                wrong_op.append(f"{node.name} ({op}, plan: {entry['op']})")
+            if entry.op != op:
+                wrong_op.append(f"{node.name} ({op}, plan: {entry.op})")
                 continue
-            outs = tuple(_parse_entry(p, num_axes) for p in entry["out"])
-            self._outs[node.name] = outs
-            ins = tuple(_parse_entry(p, num_axes) for p in entry["in"])
-            via = tuple(
-                tuple(parse(p, num_axes) for p in plan.routes.get(f"{source}:{k}", ()))
-                for k in range(len(ins))
-            )
+            outs = self._outs[node.name] = entry.out
+            ins = entry.inputs
+            via = tuple(plan.routes.get(Slot(source, k), ()) for k in range(len(ins)))
             local = node.target in LOCAL_OPS or (
                 node.target in STRIDED_LOCAL_OPS and any(map(_strided, ins))
             )
@@ -175,9 +162,9 @@ class PlannedGraph:
     def planned_output(self, name: str) -> Placements:
         """The plan's placement of node ``name``'s (first) output."""
         want = self._outs[name][0]
-        if not isinstance(want, tuple):
+        if want is None or made_by_op_only(want):
             raise NotImplementedError(
-                f"the plan places output {name} as {want!r}, which a caller cannot be handed; "
+                f"the plan places output {name} as {fmt(want)}, which a caller cannot be handed; "
                 "plan with output_placements to fix the output's placement."
             )
         return want
@@ -281,10 +268,10 @@ class PlannedGraph:
             for o, want, v in zip(out, step.outs, vals, strict=True)
         )
 
-    def _wrap(self, local: torch.Tensor, want: Placements | str | None, val: Any) -> DTensor:
-        if not isinstance(want, tuple):
+    def _wrap(self, local: torch.Tensor, want: Placements | None, val: Any) -> DTensor:
+        if want is None or made_by_op_only(want):
             raise NotImplementedError(
-                f"cannot wrap a local result as {want!r}: the plan places the output of an op "
+                f"cannot wrap a local result as {fmt(want)}: the plan places the output of an op "
                 "DTensor has no rule for in a placement only DTensor ops can make."
             )
         return DTensor.from_local(
@@ -299,18 +286,18 @@ class PlannedGraph:
             )
         return self._settle(out, step.outs[0], step.node.name)
 
-    def _settle(self, value: Any, want: Placements | str | None, where: str) -> Any:
+    def _settle(self, value: Any, want: Placements | None, where: str) -> Any:
         if want is None or not isinstance(value, torch.Tensor):
             return value
         if not isinstance(value, DTensor) or _same(value.placements, want):
             return self._place(value, want, where)
-        self.deviations.append(f"{where}: DTensor made {fmt(value.placements)}, plan {_txt(want)}")
+        self.deviations.append(f"{where}: DTensor made {fmt(value.placements)}, plan {fmt(want)}")
         return self._place(value, want, where)
 
     def _place(
         self,
         value: Any,
-        want: Placements | str | None,
+        want: Placements | None,
         where: str,
         via: Sequence[Placements] = (),
     ) -> Any:
@@ -320,11 +307,11 @@ class PlannedGraph:
             return value
         if not isinstance(value, DTensor):
             value = DTensor.from_local(value, self.mesh, [Replicate()] * self.mesh.ndim)
-        if isinstance(want, str):  # only the producing op makes it: nothing to move
+        if made_by_op_only(want):  # only the producing op makes it: nothing to move
             if _same(value.placements, want):
                 return value
             raise RuntimeError(
-                f"{where}: the plan wants {want}, which only the producing op can make, but the "
+                f"{where}: the plan wants {fmt(want)}, which only the producing op can make, but the "
                 f"value is {fmt(value.placements)}."
             )
         if tuple(value.placements) == want:
@@ -362,20 +349,17 @@ def _relabel(value: DTensor, mesh: DeviceMesh, placements: Placements) -> DTenso
     )  # fmt: skip
 
 
-def _same(have: Sequence[Any], want: Placements | str) -> bool:
-    """Whether ``have`` is the planned layout (``_S(d,1)`` and ``S(d)`` are one layout)."""
-    if isinstance(want, str):
-        return fmt(tuple(have)) == want
+def _same(have: Sequence[Any], want: Placements) -> bool:
+    """Whether ``have`` is the planned layout (``_S(d,1)`` and ``S(d)`` are one layout; a
+    masked partial compared by its short form, :func:`autoplan.core.placements.same`)."""
+    if made_by_op_only(want):
+        return same(tuple(have), want)
     return plain(tuple(have)) == plain(want)
 
 
-def _strided(want: Placements | str | None) -> bool:
+def _strided(want: Placements | None) -> bool:
     """Whether a planned placement has a ``_StridedShard`` of split factor above 1."""
-    return isinstance(want, tuple) and any(is_strided(p) for p in plain(want))
-
-
-def _txt(want: Placements | str) -> str:
-    return want if isinstance(want, str) else fmt(want)
+    return want is not None and any(is_strided(p) for p in plain(want))
 
 
 def op_name(node: fx.Node) -> str:

@@ -179,8 +179,8 @@ def _first_difference(traced: TracedGraph, plan: Plan) -> str:
         op = op_name(node)
         if entry is None:
             return f"node {node.name} ({op}) is not in the plan"
-        if entry["op"] != op:
-            return f"node {node.name} is {op} here but {entry['op']} in the plan"
+        if entry.op != op:
+            return f"node {node.name} is {op} here but {entry.op} in the plan"
     extra = [n for n in plan.node_placements if n not in seen]
     if extra:
         return f"the plan has nodes this graph lacks (first: {extra[0]})"

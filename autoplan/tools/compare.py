@@ -19,7 +19,7 @@ from typing import Any
 from autoplan.core import user_files
 from autoplan.core.placements import fmt
 from autoplan.result.plan import PHASES, Plan
-from autoplan.result.plan_check import MEMORY_CATEGORIES
+from autoplan.result.records import MEMORY_CATEGORIES
 from autoplan.tools.chart import cost_by_kind, write_chart
 from autoplan.tools.rebuild import rebuild
 from autoplan.tools.run_plan import run_plan

@@ -31,7 +31,7 @@ def _outs(p: Plan, node: str) -> str:
     info = p.node_placements.get(node)
     if info is None:
         return "-"
-    return ", ".join(str(o) for o in info.get("out", []))
+    return ", ".join(fmt(o) for o in info.out)
 
 
 def diff_plans(a: Plan, b: Plan) -> dict[str, Any]:

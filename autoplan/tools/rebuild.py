@@ -24,7 +24,7 @@ import numpy as np
 from torch import nn
 
 from autoplan.core.errors import PlanError
-from autoplan.core.placements import fmt
+from autoplan.core.placements import fmt, same
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
@@ -33,6 +33,7 @@ from autoplan.planner.front_end import front_end
 from autoplan.planner.problem import PricedProblem
 from autoplan.planner.solve_mode import planned_mode, structure
 from autoplan.result.plan import Plan
+from autoplan.result.records import NodePlacement
 from autoplan.strategies.table import Strategy, StrategyTable
 from autoplan.tools.run_plan import run_arguments
 from autoplan.tools.runfile import Run
@@ -131,8 +132,13 @@ def check_matches(run: Run, plan: Plan, plan_source: str, model: nn.Module) -> N
         )
 
 
-def _short(s: Strategy) -> tuple[list[str], list[str]]:
-    return [fmt(p) for p in s.outs], [fmt(p) for p in s.ins]
+def _is_placed(s: Strategy, placed: NodePlacement) -> bool:
+    """Whether strategy ``s`` is the one ``placed`` records."""
+    return (
+        len(s.outs) == len(placed.out)
+        and len(s.ins) == len(placed.inputs)
+        and all(map(same, s.outs + s.ins, placed.out + placed.inputs))
+    )
 
 
 def _read_choice(table: StrategyTable, plan: Plan, plan_source: str, run: Run) -> dict[str, int]:
@@ -147,12 +153,11 @@ def _read_choice(table: StrategyTable, plan: Plan, plan_source: str, run: Run) -
     choice = {}
     for v, ns in table.nodes.items():
         placed = plan.node_placements[v]
-        want = (list(placed["out"]), list(placed["in"]))
-        hits = [i for i, s in enumerate(ns.strategies) if _short(s) == want]
+        hits = [i for i, s in enumerate(ns.strategies) if _is_placed(s, placed)]
         if not hits:
             raise PlanMismatchError(
-                f"{plan_source}: node {v} has strategy ({', '.join(want[1])}) -> "
-                f"{', '.join(want[0])}, which is not a candidate for it in {run.source}; "
+                f"{plan_source}: node {v} has strategy ({', '.join(map(fmt, placed.inputs))}) -> "
+                f"{', '.join(map(fmt, placed.out))}, which is not a candidate for it in {run.source}; "
                 "the plan was made from another model, mesh or autoplan version."
             )
         choice[v] = hits[0]
@@ -165,8 +170,9 @@ def _check_params(traced: TracedGraph, plan: Plan, plan_source: str, run: Run) -
     with a placement other than the one ``parallelize`` applies."""
     for fqn, node in zip(traced.param_fqns, traced.params, strict=True):
         held = plan.param_placements.get(fqn)
-        outs = list(plan.node_placements[node]["out"])
-        if held is None or [fmt(held)] != outs:
+        placed = plan.node_placements[node].out
+        if held is None or len(placed) != 1 or not same(held, placed[0]):
+            outs = [fmt(p) for p in placed]
             said = "is missing" if held is None else f'= "{fmt(held)}"'
             raise PlanMismatchError(
                 f'{plan_source}: param_placements["{fqn}"] {said} but the parameter\'s graph '

@@ -12,11 +12,13 @@ plans a few cases that cover them all; the slow sweep plans many more.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from autoplan.core.placements import fmt
 from autoplan.result.plan import Plan
 from autoplan.tools.run_plan import run_plan
 from autoplan.tools.runfile import load_run
@@ -76,7 +78,7 @@ def _holds(plan: Plan, text: str) -> list[str]:
     nodes = [
         n for n, e in plan.node_placements.items() if any(text in p for p in e["out"] + e["in"])
     ]
-    routed = [k.rpartition(":")[0] for k, via in plan.routes.items() if any(text in p for p in via)]
+    routed = [node for (node, _), via in plan.routes.items() if any(text in fmt(p) for p in via)]
     return routed + nodes
 
 
@@ -99,7 +101,7 @@ def check_round_trip(run_path: Path, overrides: list[str], tmp_path: Path, marke
     assert marker is None or names, (
         f"no node or route of the plan holds {marker}: pick another case"
     )
-    names += [k.rpartition(":")[0] for k in plan.routes] + list(plan.param_placements)
+    names += [node for node, _ in plan.routes] + list(plan.param_placements)
     sets = [arg for o in overrides for arg in ("--set", o)]
     ran = cli("explain", str(path), names[0], "--config", str(run_path), *sets)
     assert ran.code == 0, ran.err
@@ -150,3 +152,31 @@ def test_many_saved_plans_read_back(kind, mesh, option, tmp_path):
         *OPTIONS[option],
     ]
     check_round_trip(_run_file(kind, tmp_path), overrides, tmp_path, None)
+
+
+# Every run file of configs/: the small ones in the default suite, the large ones slow.
+QUICK_CONFIGS = {"tiny.yaml", "hf_gpt2_tiny.yaml", "hf_llama_tiny.yaml"}
+CONFIG_FILES = [
+    pytest.param(p, marks=() if p.name in QUICK_CONFIGS else pytest.mark.slow, id=p.stem)
+    for p in sorted(CONFIGS.glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("run_path", CONFIG_FILES)
+def test_every_config_plan_is_read_by_the_codec_that_wrote_it(run_path, tmp_path):
+    """Each configs/ run file's plan: loaded equal, written again byte for byte, and every
+    record read by its file keys gives what the file holds (typed and JSON views agree)."""
+    plan = run_plan(load_run(run_path), quiet=True)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == plan and loaded.to_json() + "\n" == path.read_text()
+    data = json.loads(path.read_text())
+    for name, entry in loaded.node_placements.items():
+        assert {k: entry[k] for k in ("op", "out", "in")} == data["node_placements"][name]
+        assert entry["out"] == [fmt(p) for p in entry.out]
+    assert {str(s): [fmt(p) for p in via] for s, via in loaded.routes.items()} == data["routes"]
+    assert [
+        {k: b[k] for k in written}
+        for b, written in zip(loaded.buckets, data["buckets"], strict=True)
+    ] == data["buckets"]

@@ -21,7 +21,7 @@ from torch.distributed.tensor import distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import autoplan
-from autoplan.core.placements import fmt, parse
+from autoplan.core.placements import Placements, fmt, made_by_op_only, parse
 from autoplan.core.topology import Topology
 from autoplan.core.torch_adapter import (
     LocalTensorMode,
@@ -118,31 +118,38 @@ def test_split_factor_one_moves_as_shard_and_relabels_for_free():
 
 
 def test_a_placement_only_its_op_makes_passes_through_when_the_value_has_it():
-    """A planned placement in string form (P(avg), made only by its op) is accepted as is
-    when the value carries it, and refused with the node's name when it does not."""
+    """A planned placement only its op makes (P(avg)) is accepted as is when the value
+    carries it, and refused with the node's name when it does not."""
     from autoplan.runtime.execute import PlannedGraph
 
     mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
     graph = PlannedGraph.__new__(PlannedGraph)
     graph.mesh = mesh
+    want = parse("P(avg)P(avg)", 2)
     with LocalTensorMode(mesh.size()):
         x = torch.arange(64.0).reshape(SHAPE)
         avg = placed(x, mesh, (Partial("avg"), Partial("avg")))
-        assert graph._place(avg, "P(avg)P(avg)", "mean") is avg
+        assert graph._place(avg, want, "mean") is avg
         with pytest.raises(RuntimeError, match="mean: the plan wants P\\(avg\\)P\\(avg\\)"):
-            graph._place(placed(x, mesh, (Replicate(), Replicate())), "P(avg)P(avg)", "mean")
+            graph._place(placed(x, mesh, (Replicate(), Replicate())), want, "mean")
 
 
 def test_a_route_through_a_mean_partial_runs_from_the_plan_text():
-    """The 8B plan's route P(avg)P(avg) -> P(avg)S(1) -> S(0)S(1), read from its text, runs
-    hop by hop to the full tensor's shards (the P(avg) the node holds stays a string)."""
-    from autoplan.runtime.execute import PlannedGraph, _parse_entry
+    """The 8B plan's route P(avg)P(avg) -> P(avg)S(1) -> S(0)S(1), read from its text by
+    the plan's codec, runs hop by hop to the full tensor's shards (the P(avg) the node
+    holds is one only its op makes)."""
+    from autoplan.result.records import CODEC, NodePlacement, Slot
+    from autoplan.runtime.execute import PlannedGraph
 
     mesh = autoplan.fake_mesh((2, 2), ("a", "b"))
     graph = PlannedGraph.__new__(PlannedGraph)
     graph.mesh = mesh
-    assert _parse_entry("P(avg)P(avg)", 2) == "P(avg)P(avg)"
-    hop, want = parse("P(avg)S(1)", 2), _parse_entry("S(0)S(1)", 2)  # as execute reads them
+    node = CODEC.decode(
+        {"op": "aten.add.Tensor", "out": ["S(0)S(1)"], "in": ["S(0)S(1)"]}, NodePlacement
+    )
+    routes = CODEC.decode({"add:0": ["P(avg)S(1)"]}, dict[Slot, tuple[Placements, ...]])
+    assert made_by_op_only(CODEC.decode("P(avg)P(avg)", Placements))
+    (hop,), want = routes[("add", 0)], node.inputs[0]  # as execute reads them
     assert hop == (Partial("avg"), Shard(1)) and want == (Shard(0), Shard(1))
     with LocalTensorMode(mesh.size()):
         x = torch.arange(64.0).reshape(SHAPE)

@@ -260,10 +260,11 @@ def test_routes_never_make_a_plan_dearer_and_the_plan_lists_them():
     routed, direct = plan(True), plan(False)
     assert routed.objective_us < direct.objective_us
     assert routed.routes and not direct.routes
-    for key, hops in routed.routes.items():
-        node, slot = key.rsplit(":", 1)
-        assert node in routed.node_placements and int(slot) >= 0
-        assert all(parse(h, 2) for h in hops)
+    for (node, slot), hops in routed.routes.items():
+        assert node in routed.node_placements and 0 <= slot < len(
+            routed.node_placements[node].inputs
+        )
+        assert hops and all(len(h) == 2 and parse(fmt(h), 2) == h for h in hops)
     assert Plan.from_json(routed.to_json()).routes == routed.routes
     assert f"routed moves: {len(routed.routes)} inputs" in routed.summary()
     assert "routed moves" not in direct.summary()
