@@ -283,7 +283,9 @@ def prepare(model: PreTrainedModel) -> PreTrainedModel:
     no KV cache (``config.use_cache = False``) and, if it has an SDPA path, the
     ``autoplan_sdpa`` attention (plain causal attention left to SDPA's ``is_causal``,
     which can be sharded by heads), and a mixture of experts' capacity-form experts
-    (:mod:`autoplan.models.hf_experts`). Changes ``model``'s config in place; returns it.
+    (:mod:`autoplan.models.hf_experts`: a token over an expert's capacity skips it; set
+    ``model.config.capacity_factor`` to at least experts / top_k to drop none). Changes
+    ``model``'s config in place; returns it.
 
     Setting the attention registers the name ``autoplan_sdpa`` with ``transformers``
     (process-wide, as :func:`build_hf` does) and leaves it registered: the model looks
