@@ -21,6 +21,10 @@ passes through; ``Annotated[X, Limits(...)]`` bounds a number and
 ``Annotated[str, OneOf(...)]`` names a string's choices. A *leaf* (:class:`Leaf`) is a
 type the caller writes and reads itself (``Placements`` as ``"S(0)R"``).
 
+A :class:`~autoplan.core.codec_forms.Dialect` words the messages for the document read:
+JSON (a plan file, the default), YAML (a run file) or Python keyword arguments
+(:meth:`Codec.check` of a built dataclass). The walk, and so what is accepted, is the same.
+
 Decoding reads JSON data (:func:`autoplan.core.json_errors.read_json`); its errors are
 :class:`~autoplan.core.json_errors.DecodeError` s.
 """
@@ -33,42 +37,16 @@ import json
 import math
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
-from autoplan.core.json_errors import ABSENT, DecodeError, Path, fail, key_path
+from autoplan.core.codec_forms import JSON, Dialect, Leaf, Limits, OneOf
+from autoplan.core.json_errors import ABSENT, DecodeError, Path
+
+__all__ = ["Codec", "Dialect", "Leaf", "Limits", "OneOf"]
 
 Decoder = Callable[[Any, Path], Any]
 Encoder = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of a number: ``Annotated[int, Limits(least=1)]``. ``least`` None: any sign;
-    ``finite=False``: NaN and the infinities are values (written ``null``, read as NaN)."""
-
-    least: float | None = 0
-    finite: bool = True
-
-
-@dataclass(frozen=True)
-class OneOf:
-    """The values a string may take: ``Annotated[str, OneOf(("head", "tail"))]`` (rather
-    than a ``Literal``: the choices are often a constant kept elsewhere)."""
-
-    choices: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A type the caller writes as JSON (``write``) and reads back (``read``, raising
-    ``ValueError`` on a bad value, which then ``problem``); ``valid`` tells what a valid
-    value looks like."""
-
-    write: Callable[[Any], Any]
-    read: Callable[[Any], Any]
-    valid: str
-    problem: str = "is not valid"
 
 
 def _noun(cls: type) -> str:
@@ -79,8 +57,9 @@ class Codec:
     """Writes and reads values by their type hints, with ``leaves`` (hint -> :class:`Leaf`)
     for the types it does not know. Decoders are built once per hint."""
 
-    def __init__(self, leaves: Mapping[Any, Leaf] | None = None) -> None:
+    def __init__(self, leaves: Mapping[Any, Leaf] | None = None, dialect: Dialect = JSON) -> None:
         self.leaves = dict(leaves or {})
+        self.dialect = dialect
         self._encoders: dict[Any, Encoder] = {}
         self._decoders: dict[Any, Decoder] = {}
 
@@ -135,6 +114,12 @@ class Codec:
         """``data`` read as a value of ``hint``, checked; a DecodeError where it is not."""
         return self._decoder(hint)(data, path)
 
+    def check(self, value: Any) -> None:
+        """Each field of the dataclass instance ``value`` against its hint, as
+        :meth:`decode` would read it (a DecodeError at the first that is not valid)."""
+        for f, hint in _fields(type(value)):
+            self.decode(getattr(value, f.name), hint, (f.name,))
+
     def _decoder(self, hint: Any, limits: Limits | None = None) -> Decoder:
         key = (hint, limits)
         found = self._decoders.get(key)
@@ -150,7 +135,7 @@ class Codec:
         if origin is Annotated:
             choices = next((a.choices for a in args[1:] if isinstance(a, OneOf)), None)
             if choices is not None:
-                return _choice(choices)
+                return _choice(choices, self.dialect)
             found = next((a for a in args[1:] if isinstance(a, Limits)), limits)
             return self._decoder(args[0], found)
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
@@ -162,7 +147,7 @@ class Codec:
         if origin in (list, tuple):
             return self._array(origin, args)
         if hint in (int, float, str, bool):
-            return _scalar(hint, limits)
+            return _scalar(hint, limits, self.dialect)
         if hint is Any:
             return lambda value, path: value
         raise TypeError(f"the codec has no rule for {hint!r}")
@@ -172,7 +157,7 @@ class Codec:
             try:
                 return leaf.read(value)
             except ValueError:
-                fail(path, value, leaf.problem, leaf.valid)
+                self.dialect.fail(path, value, leaf.problem, leaf.valid)
 
         return read
 
@@ -180,24 +165,30 @@ class Codec:
         fields = [(f, f.metadata.get("key", f.name), self._decoder(h)) for f, h in _fields(cls)]
         keys = [k for _, k, _ in fields]
         known = frozenset(keys)
+        dialect, noun = self.dialect, _noun(cls)
+        listed = f"; allowed keys in {noun}: {', '.join(keys)}" if dialect.list_keys else ""
 
         def read(value: Any, path: Path) -> Any:
             if not isinstance(value, dict):
-                fail(path, value, "is not a JSON object", f"give an object with {', '.join(keys)}")
+                dialect.fail(
+                    path, value, f"is not {dialect.mapping}", f"give one with {', '.join(keys)}"
+                )
             for k in () if known.issuperset(value) else value:
                 if k not in known:
                     close = difflib.get_close_matches(k, keys, n=1)
                     hint = f" (did you mean {json.dumps(close[0])}?)" if close else ""
-                    where = f"the key {key_path((*path, k)) if path else json.dumps(k)}"
+                    name = dialect.name_path((*path, k)) if path else json.dumps(k)
                     raise DecodeError(
-                        where, value[k], f"is not a {_noun(cls)} key", f"remove it{hint}"
-                    )
+                        f"the key {name}", value[k], f"is not a {noun} key",
+                        f"remove it{hint}{listed}",
+                    )  # fmt: skip
             out = {}
             for f, k, decode in fields:
                 if k in value:
                     out[f.name] = decode(value[k], (*path, k))
                 elif f.default is MISSING and f.default_factory is MISSING:
-                    fail((*path, k), ABSENT, f"every {_noun(cls)} records it", "restore it")
+                    missing = dialect.missing.format(noun=noun)
+                    dialect.fail((*path, k), ABSENT, missing, dialect.restore)
             return cls(**out)
 
         return read
@@ -206,28 +197,38 @@ class Codec:
         options = [a for a in args if a is not type(None)]
         decoders = [self._decoder(a) for a in options]
         nullable = len(options) < len(args)
-        names = " or ".join(_name(a) for a in options)
+        dialect = self.dialect
+        names = " or ".join(_name(a, dialect) for a in options)
+        if nullable:
+            names += f" or {dialect.null}"
 
         def read(value: Any, path: Path) -> Any:
             if value is None and nullable:
                 return None
             if len(decoders) == 1:
-                return decoders[0](value, path)
+                try:
+                    return decoders[0](value, path)
+                except DecodeError as exc:
+                    if not nullable:
+                        raise
+                    valid = f"{exc.valid}, or {dialect.null}"
+                    raise DecodeError(exc.path, exc.value, exc.problem, valid) from None
             for decode in decoders:
                 try:
                     return decode(value, path)
                 except DecodeError:
                     continue
-            fail(path, value, f"is not {names}", f"give {names}")
+            dialect.fail(path, value, f"is not {names}", f"give {names}")
 
         return read
 
     def _mapping(self, key_hint: Any, decode_value: Decoder) -> Decoder:
         decode_key = None if key_hint is str else self._decoder(key_hint)
+        dialect = self.dialect
 
         def read(value: Any, path: Path) -> Any:
             if not isinstance(value, dict):
-                fail(path, value, "is not a JSON object", "give an object {...} keyed by name")
+                dialect.fail(path, value, f"is not {dialect.mapping}", "give one keyed by name")
             if decode_key is None:
                 return {k: decode_value(v, (*path, k)) for k, v in value.items()}
             out = {}
@@ -244,13 +245,14 @@ class Codec:
     def _array(self, origin: type, args: tuple[Any, ...]) -> Decoder:
         fixed = origin is tuple and (len(args) != 2 or args[1] is not Ellipsis)
         items = [self._decoder(a) for a in (args if fixed else args[:1])]
+        dialect = self.dialect
 
         def read(value: Any, path: Path) -> Any:
-            if not isinstance(value, list):
-                fail(path, value, "is not a JSON array", "give an array [...]")
+            if not isinstance(value, (list, tuple)):  # a tuple: a built value (check)
+                dialect.fail(path, value, f"is not {dialect.array}", f"give {dialect.array} [...]")
             if fixed:
                 if len(value) != len(items):
-                    fail(path, value, f"has {len(value)} items", f"give {len(items)}")
+                    dialect.fail(path, value, f"has {len(value)} items", f"give {len(items)}")
                 return tuple(
                     d(v, (*path, i)) for i, (d, v) in enumerate(zip(items, value, strict=True))
                 )
@@ -279,32 +281,35 @@ def _is(value: Any, hint: Any) -> bool:
     return isinstance(value, cls) if isinstance(cls, type) else False
 
 
-def _name(hint: Any) -> str:
+def _name(hint: Any, dialect: Dialect) -> str:
     origin = get_origin(hint)
+    if origin is Annotated:
+        return _name(get_args(hint)[0], dialect)
     if origin in (list, tuple):
-        return "an array"
+        return dialect.array
     if origin is dict or dataclasses.is_dataclass(hint):
-        return "an object"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        return dialect.mapping
+    return {int: "an integer", float: "a number", str: "a string", bool: dialect.booleans}.get(
         hint, str(hint)
     )
 
 
-def _choice(choices: tuple[Any, ...]) -> Decoder:
+def _choice(choices: tuple[Any, ...], dialect: Dialect) -> Decoder:
     allowed = ", ".join(map(json.dumps, choices))
 
     def read(value: Any, path: Path) -> Any:
         if not isinstance(value, str):
-            fail(path, value, "is not a string", f"give one of {allowed}")
+            dialect.fail(path, value, "is not a string", f"give one of {allowed}")
         if value not in choices:
-            fail(path, value, "is not allowed", f"give one of {allowed}")
+            dialect.fail(path, value, "is not allowed", f"give one of {allowed}")
         return value
 
     return read
 
 
-def _scalar(hint: type, limits: Limits) -> Decoder:
-    least = limits.least
+def _scalar(hint: type, limits: Limits, dialect: Dialect) -> Decoder:
+    least, above, below, fail = limits.least, limits.above, limits.below, dialect.fail
+    bound = limits.text()
 
     def read_str(value: Any, path: Path) -> Any:
         if not isinstance(value, str):
@@ -313,14 +318,23 @@ def _scalar(hint: type, limits: Limits) -> Decoder:
 
     def read_bool(value: Any, path: Path) -> Any:
         if not isinstance(value, bool):
-            fail(path, value, "is not true or false", "give true or false")
+            fail(path, value, f"is not {dialect.booleans}", f"give {dialect.booleans}")
         return value
 
+    def out_of_range(value: float) -> str | None:
+        """What is wrong with ``value``'s size, or None."""
+        if above is None and least is not None and value < least:
+            return "is negative" if least == 0 else f"is below {least:g}"
+        if above is not None and not value > above:
+            return "is not positive" if above == 0 else f"is not above {above:g}"
+        if below is not None and not value < below:
+            return f"is not below {below:g}"
+        return None
+
     def read_int(value: Any, path: Path) -> Any:
-        bound = "" if least is None else f" >= {least:g}"
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             fail(path, value, "is not a number", f"give an integer{bound}")
-        if not isinstance(value, int) or (least is not None and value < least):
+        if not isinstance(value, int) or out_of_range(value):
             fail(path, value, f"is not an integer{bound}", f"give an integer{bound}")
         return value
 
@@ -330,10 +344,10 @@ def _scalar(hint: type, limits: Limits) -> Decoder:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             fail(path, value, "is not a number", "give a number, e.g. 0.0")
         if limits.finite and not math.isfinite(value):
-            fail(path, value, "is not finite", "give a finite number, e.g. 0.0")
-        if least is not None and value < least:
-            fail(path, value, "is negative" if least == 0 else f"is below {least:g}",
-                 f"give a number >= {least:g}")  # fmt: skip
+            fail(path, value, "is not finite", f"give a finite number{bound or ', e.g. 0.0'}")
+        problem = out_of_range(value)
+        if problem is not None:
+            fail(path, value, problem, f"give a number{bound}")
         return value
 
     return {str: read_str, bool: read_bool, int: read_int, float: read_float}[hint]
