@@ -12,7 +12,8 @@ A library (pydantic, msgspec, cattrs) would need custom hooks for the placements
 own error wording and JSON's non-finite floats anyway; this walk is smaller than that glue.
 
 Forms: a dataclass is an object keyed by its field names (``metadata={"key": ...}``
-renames one); a field with a default may be left out, an unknown key is refused (messages
+renames one, ``metadata={"example": ...}`` ends the fix of its value with an example);
+a field with a default may be left out, an unknown key is refused (messages
 call the record by its ``NOUN`` class attribute, else its class name).
 ``dict[K, V]`` is an object (K ``str``, a string with choices or a leaf written as a
 string); ``list[X]``, ``tuple[X, ...]`` and ``tuple[X, Y]`` are arrays; ``X | None`` is
@@ -163,6 +164,14 @@ class Codec:
 
     def _record(self, cls: type) -> Decoder:
         fields = [(f, f.metadata.get("key", f.name), self._decoder(h)) for f, h in _fields(cls)]
+        fields = [
+            (
+                f,
+                k,
+                _example(d, f.metadata["example"], self.dialect) if "example" in f.metadata else d,
+            )
+            for f, k, d in fields
+        ]
         keys = [k for _, k, _ in fields]
         known = frozenset(keys)
         dialect, noun = self.dialect, _noun(cls)
@@ -188,7 +197,9 @@ class Codec:
                     out[f.name] = decode(value[k], (*path, k))
                 elif f.default is MISSING and f.default_factory is MISSING:
                     missing = dialect.missing.format(noun=noun)
-                    dialect.fail((*path, k), ABSENT, missing, dialect.restore)
+                    example = f.metadata.get("example")
+                    fix = dialect.restore + ("" if example is None else f", e.g. {k}: {example}")
+                    dialect.fail((*path, k), ABSENT, missing, fix)
             return cls(**out)
 
         return read
@@ -209,8 +220,8 @@ class Codec:
                 try:
                     return decoders[0](value, path)
                 except DecodeError as exc:
-                    if not nullable:
-                        raise
+                    if not nullable or exc.path != dialect.name_path(path):
+                        raise  # a value inside this one: null is no fix for it
                     valid = f"{exc.valid}, or {dialect.null}"
                     raise DecodeError(exc.path, exc.value, exc.problem, valid) from None
             for decode in decoders:
@@ -261,6 +272,24 @@ class Codec:
             return tuple(out) if origin is tuple else out
 
         return read
+
+
+def _example(decode: Decoder, example: str, dialect: Dialect) -> Decoder:
+    """``decode``, whose fix for the field's own value (not one inside it) gives
+    ``e.g. <example>`` (``metadata={"example": ...}`` on the field), before ``or null``."""
+    null = f", or {dialect.null}"
+
+    def read(value: Any, path: Path) -> Any:
+        try:
+            return decode(value, path)
+        except DecodeError as exc:
+            if exc.path != dialect.name_path(path):
+                raise
+            cut = len(exc.valid) - len(null) if exc.valid.endswith(null) else len(exc.valid)
+            valid = f"{exc.valid[:cut]}, e.g. {example}{exc.valid[cut:]}"
+            raise DecodeError(exc.path, exc.value, exc.problem, valid) from None
+
+    return read
 
 
 def _fields(cls: Any) -> list[tuple[dataclasses.Field[Any], Any]]:

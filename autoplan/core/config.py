@@ -33,6 +33,8 @@ Positive = Annotated[float, Limits(above=0)]
 class PlanConfig:
     """How to plan."""
 
+    NOUN = "plan"  # what the codec's messages call it: a run file's plan section
+
     mm_mode: Annotated[str, OneOf(MM_MODES)] = "einsum"
     """``"einsum"``: rewrite nn.Linear's view->mm->view into einsum so batch and
     sequence dims stay visible (sequence parallelism can be found).
