@@ -134,9 +134,9 @@ class Codec:
             return self._leaf(leaf)
         origin, args = get_origin(hint), get_args(hint)
         if origin is Annotated:
-            choices = next((a.choices for a in args[1:] if isinstance(a, OneOf)), None)
-            if choices is not None:
-                return _choice(choices, self.dialect)
+            one_of = next((a for a in args[1:] if isinstance(a, OneOf)), None)
+            if one_of is not None:
+                return _choice(one_of, self.dialect)
             found = next((a for a in args[1:] if isinstance(a, Limits)), limits)
             return self._decoder(args[0], found)
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
@@ -323,8 +323,9 @@ def _name(hint: Any, dialect: Dialect) -> str:
     )
 
 
-def _choice(choices: tuple[Any, ...], dialect: Dialect) -> Decoder:
-    allowed = ", ".join(map(json.dumps, choices))
+def _choice(one_of: OneOf, dialect: Dialect) -> Decoder:
+    choices = one_of.choices
+    allowed = ", ".join(map(json.dumps, choices)) + (f", {one_of.also}" if one_of.also else "")
 
     def read(value: Any, path: Path) -> Any:
         if not isinstance(value, str):

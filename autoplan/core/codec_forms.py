@@ -62,9 +62,11 @@ JSON = Dialect()
 @dataclass(frozen=True)
 class OneOf:
     """The values a string may take: ``Annotated[str, OneOf(("head", "tail"))]`` (rather
-    than a ``Literal``: the choices are often a constant kept elsewhere)."""
+    than a ``Literal``: the choices are often a constant kept elsewhere). ``also`` ends
+    the fix with another way out (``"or model.hf for a Hugging Face model"``)."""
 
     choices: tuple[str, ...]
+    also: str = ""
 
 
 @dataclass(frozen=True)

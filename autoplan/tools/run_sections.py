@@ -2,7 +2,7 @@
 
 Input: the run file's data (strict YAML, :mod:`autoplan.tools.strict_yaml`) and a section
 name. Output: the section as a frozen record (:class:`MeshSection`, :class:`InputsSection`,
-:class:`ConstraintsSection`, or :class:`~autoplan.core.config.PlanConfig` for ``plan:``),
+:class:`ConstraintsSection`, :class:`ModelSection`, or :class:`~autoplan.core.config.PlanConfig` for ``plan:``),
 or a :class:`~autoplan.core.errors.RunFileError` naming the file, the key path
 (``plan.memory_budget_gib``), the value, what is wrong and what is allowed.
 
@@ -19,16 +19,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NewType, TypeVar
 
-from autoplan.core.codec import Codec, Leaf, Limits
+from autoplan.core.codec import Codec, Leaf, Limits, OneOf
 from autoplan.core.codec_forms import YAML
 from autoplan.core.errors import RunFileError
 from autoplan.core.json_errors import DecodeError, describe
 from autoplan.core.topology import Topology
+from autoplan.models import hf
+from autoplan.models.registry import REFERENCE
 
 T = TypeVar("T")
 Count = Annotated[int, Limits(least=1)]
 Spec = NewType("Spec", str)
 """A placement as written (``"S(0)R"``); parsed against the mesh's axes once the mesh is read."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """``model: {name: llama3, args: {...}}`` (a reference model, ``llama3`` when no name
+    is given) or ``model: {hf: llama, config: {...}}`` (a Hugging Face model). Each kind's
+    argument names and values are checked by its entry in :mod:`autoplan.models.registry`."""
+
+    NOUN = "model"
+    name: Annotated[str, OneOf(tuple(REFERENCE), "or model.hf for a Hugging Face model")] | None = (
+        None
+    )
+    args: dict[str, Any] | None = field(default=None, metadata={"example": "{n_layers: 2}"})
+    hf: Annotated[str, OneOf(tuple(hf.KINDS))] | None = None
+    config: dict[str, Any] | None = field(
+        default=None, metadata={"example": "{num_hidden_layers: 2}"}
+    )
 
 
 @dataclass(frozen=True)

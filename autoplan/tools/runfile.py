@@ -4,11 +4,11 @@ Input: a YAML path (and ``--set key.path=value`` overrides). Output: a
 frozen :class:`Run`. Every mistake raises :class:`RunFileError` naming the
 file, the key, the value and what is allowed; never a traceback from inside.
 
-The ``mesh``, ``inputs``, ``plan`` and ``constraints`` sections are read by the codec's
-walk from their dataclasses (:mod:`autoplan.tools.run_sections`); what stays here are
-the rules across keys (axis names per axis, placements per mesh axis, the model's longest
-sequence), the model section (its kinds in :mod:`autoplan.models.registry`) and the
-topology (a preset, a mapping or a file).
+The ``model``, ``mesh``, ``inputs``, ``plan`` and ``constraints`` sections are read by
+the codec's walk from their dataclasses (:mod:`autoplan.tools.run_sections`); what stays
+here are the rules across keys (``hf`` or ``name``, axis names per axis, placements per
+mesh axis, the model's longest sequence), a model's arguments (checked by its kind in
+:mod:`autoplan.models.registry`) and the topology (a preset, a mapping or a file).
 
 Schema::
 
@@ -48,6 +48,7 @@ from autoplan.tools.run_sections import (
     ConstraintsSection,
     InputsSection,
     MeshSection,
+    ModelSection,
     read_section,
 )
 
@@ -97,21 +98,6 @@ def _err(source: str, key: str, value: Any, allowed: str) -> RunFileError:
     return RunFileError(f"{source}: {key} = {value!r} is not valid; {allowed}")
 
 
-def _section(raw: dict[str, Any], name: str, source: str, keys: Sequence[str]) -> dict[str, Any]:
-    sec = raw.get(name, {})
-    if sec is None:
-        sec = {}
-    if not isinstance(sec, dict):
-        raise _err(source, name, sec, "expected a mapping")
-    unknown = set(sec) - set(keys)
-    if unknown:
-        bad = sorted(unknown)[0]
-        raise RunFileError(
-            f"{source}: unknown key {name}.{bad}; allowed keys in {name}: {', '.join(keys)}"
-        )
-    return sec
-
-
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) -> dict[str, Any]:
     """``model.args.n_layers=4`` sets that key (value parsed as YAML)."""
     for item in overrides:
@@ -154,20 +140,15 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     return _parse(raw, source)
 
 
-def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+def _parse_hf(model: ModelSection, source: str) -> tuple[str, dict[str, Any]]:
     """``model: {hf: kind, config: {...}}`` -> (``"hf:kind"``, config), checked."""
-    other = sorted({"name", "args"} & set(model))
+    other = [k for k in ("name", "args") if getattr(model, k) is not None]
     if other:
         raise RunFileError(
             f"{source}: model.{other[0]} cannot be combined with model.hf; a Hugging Face "
             "model is described by model.hf and model.config only"
         )
-    kind = model["hf"]
-    if kind not in hf.KINDS:
-        raise _err(source, "model.hf", kind, f"allowed: {', '.join(hf.KINDS)}")
-    config = model.get("config", {}) or {}
-    if not isinstance(config, dict):
-        raise _err(source, "model.config", config, "expected a mapping of config fields")
+    kind, config = model.hf, model.config or {}
     entry = model_kind(f"hf:{kind}")
     try:
         allowed = entry.keys()
@@ -183,19 +164,14 @@ def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
     return f"hf:{kind}", config
 
 
-def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+def _parse_reference(model: ModelSection, source: str) -> tuple[str, dict[str, Any]]:
     """``model: {name: llama3 | moe | mlp, args: {...}}`` -> (name, args), checked."""
-    if "config" in model:
+    if model.config is not None:
         raise RunFileError(
             f"{source}: model.config belongs to a Hugging Face model (model.hf); "
             "a reference model takes model.name and model.args"
         )
-    name = model.get("name", "llama3")
-    if name not in REFERENCE:
-        raise _err(source, "model.name", name, f"allowed: {', '.join(REFERENCE)}, or model.hf")
-    args = model.get("args", {}) or {}
-    if not isinstance(args, dict):
-        raise _err(source, "model.args", args, "expected a mapping of model arguments")
+    name, args = model.name or "llama3", model.args or {}
     kind = REFERENCE[name]
     allowed = kind.keys()
     for k in args:
@@ -211,8 +187,8 @@ def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str,
 
 
 def _parse(raw: dict[str, Any], source: str) -> Run:
-    model = _section(raw, "model", source, ("name", "args", "hf", "config"))
-    if "hf" in model:
+    model = read_section(raw, "model", ModelSection, source)
+    if model.hf is not None:
         name, args = _parse_hf(model, source)
     else:
         name, args = _parse_reference(model, source)

@@ -14,6 +14,7 @@ from autoplan.tools.run_sections import (
     ConstraintsSection,
     InputsSection,
     MeshSection,
+    ModelSection,
     read_section,
 )
 
@@ -64,6 +65,11 @@ def test_a_section_is_read_into_its_record():
         ({"plan": {"mm_mod": "native"}}, "plan", PlanConfig,
          ["the key plan.mm_mod", 'did you mean "mm_mode"', "allowed keys in plan: mm_mode"]),
         ({"plan": {"mip_gap": 1}}, "plan", PlanConfig, ["plan.mip_gap = 1", ">= 0 and < 1"]),
+        ({"model": {"name": "gpt5"}}, "model", ModelSection,
+         ['model.name = "gpt5"', '"llama3", "moe", "mlp", or model.hf']),
+        ({"model": {"args": [1]}}, "model", ModelSection,
+         ["model.args = [1] is not a mapping", "e.g. {n_layers: 2}"]),
+        ({"model": {"hf": "bert"}}, "model", ModelSection, ['model.hf = "bert"', '"llama"']),
         ({"plan": {"solver": "gurobi"}}, "plan", PlanConfig,
          ['plan.solver = "gurobi"', '"cbc", "highs"']),
     ],

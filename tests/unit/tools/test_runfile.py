@@ -42,7 +42,7 @@ def test_set_of_a_top_level_key_that_does_not_exist_is_refused(tmp_path):
         (("topology: h100", "topology: h100\nextra: 1"), "unknown top-level key 'extra'"),
         (("plan: {", "plan: {colour: red, "), "the key plan.colour"),
         (("hidden: 256", "hidden: 256, width: 3"), "unknown key model.args.width"),
-        (("name: mlp", "name: gpt5"), "model.name = 'gpt5'"),
+        (("name: mlp", "name: gpt5"), 'model.name = "gpt5"'),
         (("shape: [8]", "shape: [0]"), "mesh.shape[0] = 0"),
         (("names: [dp]", "names: [dp, tp]"), "mesh.names"),
         (('"S(0)"', '"Q(0)"'), "inputs.placements"),
