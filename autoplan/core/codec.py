@@ -12,7 +12,8 @@ A library (pydantic, msgspec, cattrs) would need custom hooks for the placements
 own error wording and JSON's non-finite floats anyway; this walk is smaller than that glue.
 
 Forms: a dataclass is an object keyed by its field names (``metadata={"key": ...}``
-renames one); a field with a default may be left out, an unknown key is refused (messages
+renames one, ``metadata={"example": ...}`` ends the fix of its value with an example);
+a field with a default may be left out, an unknown key is refused (messages
 call the record by its ``NOUN`` class attribute, else its class name).
 ``dict[K, V]`` is an object (K ``str``, a string with choices or a leaf written as a
 string); ``list[X]``, ``tuple[X, ...]`` and ``tuple[X, Y]`` are arrays; ``X | None`` is
@@ -20,6 +21,10 @@ string); ``list[X]``, ``tuple[X, ...]`` and ``tuple[X, Y]`` are arrays; ``X | No
 passes through; ``Annotated[X, Limits(...)]`` bounds a number and
 ``Annotated[str, OneOf(...)]`` names a string's choices. A *leaf* (:class:`Leaf`) is a
 type the caller writes and reads itself (``Placements`` as ``"S(0)R"``).
+
+A :class:`~autoplan.core.codec_forms.Dialect` words the messages for the document read:
+JSON (a plan file, the default), YAML (a run file) or Python keyword arguments
+(:meth:`Codec.check` of a built dataclass). The walk, and so what is accepted, is the same.
 
 Decoding reads JSON data (:func:`autoplan.core.json_errors.read_json`); its errors are
 :class:`~autoplan.core.json_errors.DecodeError` s.
@@ -33,42 +38,16 @@ import json
 import math
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
-from autoplan.core.json_errors import ABSENT, DecodeError, Path, fail, key_path
+from autoplan.core.codec_forms import JSON, Dialect, Leaf, Limits, OneOf
+from autoplan.core.json_errors import ABSENT, DecodeError, Path
+
+__all__ = ["Codec", "Dialect", "Leaf", "Limits", "OneOf"]
 
 Decoder = Callable[[Any, Path], Any]
 Encoder = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of a number: ``Annotated[int, Limits(least=1)]``. ``least`` None: any sign;
-    ``finite=False``: NaN and the infinities are values (written ``null``, read as NaN)."""
-
-    least: float | None = 0
-    finite: bool = True
-
-
-@dataclass(frozen=True)
-class OneOf:
-    """The values a string may take: ``Annotated[str, OneOf(("head", "tail"))]`` (rather
-    than a ``Literal``: the choices are often a constant kept elsewhere)."""
-
-    choices: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A type the caller writes as JSON (``write``) and reads back (``read``, raising
-    ``ValueError`` on a bad value, which then ``problem``); ``valid`` tells what a valid
-    value looks like."""
-
-    write: Callable[[Any], Any]
-    read: Callable[[Any], Any]
-    valid: str
-    problem: str = "is not valid"
 
 
 def _noun(cls: type) -> str:
@@ -79,8 +58,9 @@ class Codec:
     """Writes and reads values by their type hints, with ``leaves`` (hint -> :class:`Leaf`)
     for the types it does not know. Decoders are built once per hint."""
 
-    def __init__(self, leaves: Mapping[Any, Leaf] | None = None) -> None:
+    def __init__(self, leaves: Mapping[Any, Leaf] | None = None, dialect: Dialect = JSON) -> None:
         self.leaves = dict(leaves or {})
+        self.dialect = dialect
         self._encoders: dict[Any, Encoder] = {}
         self._decoders: dict[Any, Decoder] = {}
 
@@ -135,6 +115,12 @@ class Codec:
         """``data`` read as a value of ``hint``, checked; a DecodeError where it is not."""
         return self._decoder(hint)(data, path)
 
+    def check(self, value: Any) -> None:
+        """Each field of the dataclass instance ``value`` against its hint, as
+        :meth:`decode` would read it (a DecodeError at the first that is not valid)."""
+        for f, hint in _fields(type(value)):
+            self.decode(getattr(value, f.name), hint, (f.name,))
+
     def _decoder(self, hint: Any, limits: Limits | None = None) -> Decoder:
         key = (hint, limits)
         found = self._decoders.get(key)
@@ -148,9 +134,9 @@ class Codec:
             return self._leaf(leaf)
         origin, args = get_origin(hint), get_args(hint)
         if origin is Annotated:
-            choices = next((a.choices for a in args[1:] if isinstance(a, OneOf)), None)
-            if choices is not None:
-                return _choice(choices)
+            one_of = next((a for a in args[1:] if isinstance(a, OneOf)), None)
+            if one_of is not None:
+                return _choice(one_of, self.dialect)
             found = next((a for a in args[1:] if isinstance(a, Limits)), limits)
             return self._decoder(args[0], found)
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
@@ -162,7 +148,7 @@ class Codec:
         if origin in (list, tuple):
             return self._array(origin, args)
         if hint in (int, float, str, bool):
-            return _scalar(hint, limits)
+            return _scalar(hint, limits, self.dialect)
         if hint is Any:
             return lambda value, path: value
         raise TypeError(f"the codec has no rule for {hint!r}")
@@ -172,32 +158,48 @@ class Codec:
             try:
                 return leaf.read(value)
             except ValueError:
-                fail(path, value, leaf.problem, leaf.valid)
+                self.dialect.fail(path, value, leaf.problem, leaf.valid)
 
         return read
 
     def _record(self, cls: type) -> Decoder:
         fields = [(f, f.metadata.get("key", f.name), self._decoder(h)) for f, h in _fields(cls)]
+        fields = [
+            (
+                f,
+                k,
+                _example(d, f.metadata["example"], self.dialect) if "example" in f.metadata else d,
+            )
+            for f, k, d in fields
+        ]
         keys = [k for _, k, _ in fields]
         known = frozenset(keys)
+        dialect, noun = self.dialect, _noun(cls)
+        listed = f"; allowed keys in {noun}: {', '.join(keys)}" if dialect.list_keys else ""
 
         def read(value: Any, path: Path) -> Any:
             if not isinstance(value, dict):
-                fail(path, value, "is not a JSON object", f"give an object with {', '.join(keys)}")
+                dialect.fail(
+                    path, value, f"is not {dialect.mapping}", f"give one with {', '.join(keys)}"
+                )
             for k in () if known.issuperset(value) else value:
                 if k not in known:
                     close = difflib.get_close_matches(k, keys, n=1)
                     hint = f" (did you mean {json.dumps(close[0])}?)" if close else ""
-                    where = f"the key {key_path((*path, k)) if path else json.dumps(k)}"
+                    name = dialect.name_path((*path, k)) if path else json.dumps(k)
                     raise DecodeError(
-                        where, value[k], f"is not a {_noun(cls)} key", f"remove it{hint}"
-                    )
+                        f"the key {name}", value[k], f"is not a {noun} key",
+                        f"remove it{hint}{listed}",
+                    )  # fmt: skip
             out = {}
             for f, k, decode in fields:
                 if k in value:
                     out[f.name] = decode(value[k], (*path, k))
                 elif f.default is MISSING and f.default_factory is MISSING:
-                    fail((*path, k), ABSENT, f"every {_noun(cls)} records it", "restore it")
+                    missing = dialect.missing.format(noun=noun)
+                    example = f.metadata.get("example")
+                    fix = dialect.restore + ("" if example is None else f", e.g. {k}: {example}")
+                    dialect.fail((*path, k), ABSENT, missing, fix)
             return cls(**out)
 
         return read
@@ -206,28 +208,38 @@ class Codec:
         options = [a for a in args if a is not type(None)]
         decoders = [self._decoder(a) for a in options]
         nullable = len(options) < len(args)
-        names = " or ".join(_name(a) for a in options)
+        dialect = self.dialect
+        names = " or ".join(_name(a, dialect) for a in options)
+        if nullable:
+            names += f" or {dialect.null}"
 
         def read(value: Any, path: Path) -> Any:
             if value is None and nullable:
                 return None
             if len(decoders) == 1:
-                return decoders[0](value, path)
+                try:
+                    return decoders[0](value, path)
+                except DecodeError as exc:
+                    if not nullable or exc.path != dialect.name_path(path):
+                        raise  # a value inside this one: null is no fix for it
+                    valid = f"{exc.valid}, or {dialect.null}"
+                    raise DecodeError(exc.path, exc.value, exc.problem, valid) from None
             for decode in decoders:
                 try:
                     return decode(value, path)
                 except DecodeError:
                     continue
-            fail(path, value, f"is not {names}", f"give {names}")
+            dialect.fail(path, value, f"is not {names}", f"give {names}")
 
         return read
 
     def _mapping(self, key_hint: Any, decode_value: Decoder) -> Decoder:
         decode_key = None if key_hint is str else self._decoder(key_hint)
+        dialect = self.dialect
 
         def read(value: Any, path: Path) -> Any:
             if not isinstance(value, dict):
-                fail(path, value, "is not a JSON object", "give an object {...} keyed by name")
+                dialect.fail(path, value, f"is not {dialect.mapping}", "give one keyed by name")
             if decode_key is None:
                 return {k: decode_value(v, (*path, k)) for k, v in value.items()}
             out = {}
@@ -244,13 +256,14 @@ class Codec:
     def _array(self, origin: type, args: tuple[Any, ...]) -> Decoder:
         fixed = origin is tuple and (len(args) != 2 or args[1] is not Ellipsis)
         items = [self._decoder(a) for a in (args if fixed else args[:1])]
+        dialect = self.dialect
 
         def read(value: Any, path: Path) -> Any:
-            if not isinstance(value, list):
-                fail(path, value, "is not a JSON array", "give an array [...]")
+            if not isinstance(value, (list, tuple)):  # a tuple: a built value (check)
+                dialect.fail(path, value, f"is not {dialect.array}", f"give {dialect.array} [...]")
             if fixed:
                 if len(value) != len(items):
-                    fail(path, value, f"has {len(value)} items", f"give {len(items)}")
+                    dialect.fail(path, value, f"has {len(value)} items", f"give {len(items)}")
                 return tuple(
                     d(v, (*path, i)) for i, (d, v) in enumerate(zip(items, value, strict=True))
                 )
@@ -259,6 +272,24 @@ class Codec:
             return tuple(out) if origin is tuple else out
 
         return read
+
+
+def _example(decode: Decoder, example: str, dialect: Dialect) -> Decoder:
+    """``decode``, whose fix for the field's own value (not one inside it) gives
+    ``e.g. <example>`` (``metadata={"example": ...}`` on the field), before ``or null``."""
+    null = f", or {dialect.null}"
+
+    def read(value: Any, path: Path) -> Any:
+        try:
+            return decode(value, path)
+        except DecodeError as exc:
+            if exc.path != dialect.name_path(path):
+                raise
+            cut = len(exc.valid) - len(null) if exc.valid.endswith(null) else len(exc.valid)
+            valid = f"{exc.valid[:cut]}, e.g. {example}{exc.valid[cut:]}"
+            raise DecodeError(exc.path, exc.value, exc.problem, valid) from None
+
+    return read
 
 
 def _fields(cls: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
@@ -279,32 +310,36 @@ def _is(value: Any, hint: Any) -> bool:
     return isinstance(value, cls) if isinstance(cls, type) else False
 
 
-def _name(hint: Any) -> str:
+def _name(hint: Any, dialect: Dialect) -> str:
     origin = get_origin(hint)
+    if origin is Annotated:
+        return _name(get_args(hint)[0], dialect)
     if origin in (list, tuple):
-        return "an array"
+        return dialect.array
     if origin is dict or dataclasses.is_dataclass(hint):
-        return "an object"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        return dialect.mapping
+    return {int: "an integer", float: "a number", str: "a string", bool: dialect.booleans}.get(
         hint, str(hint)
     )
 
 
-def _choice(choices: tuple[Any, ...]) -> Decoder:
-    allowed = ", ".join(map(json.dumps, choices))
+def _choice(one_of: OneOf, dialect: Dialect) -> Decoder:
+    choices = one_of.choices
+    allowed = ", ".join(map(json.dumps, choices)) + (f", {one_of.also}" if one_of.also else "")
 
     def read(value: Any, path: Path) -> Any:
         if not isinstance(value, str):
-            fail(path, value, "is not a string", f"give one of {allowed}")
+            dialect.fail(path, value, "is not a string", f"give one of {allowed}")
         if value not in choices:
-            fail(path, value, "is not allowed", f"give one of {allowed}")
+            dialect.fail(path, value, "is not allowed", f"give one of {allowed}")
         return value
 
     return read
 
 
-def _scalar(hint: type, limits: Limits) -> Decoder:
-    least = limits.least
+def _scalar(hint: type, limits: Limits, dialect: Dialect) -> Decoder:
+    least, above, below, fail = limits.least, limits.above, limits.below, dialect.fail
+    bound = limits.text()
 
     def read_str(value: Any, path: Path) -> Any:
         if not isinstance(value, str):
@@ -313,14 +348,23 @@ def _scalar(hint: type, limits: Limits) -> Decoder:
 
     def read_bool(value: Any, path: Path) -> Any:
         if not isinstance(value, bool):
-            fail(path, value, "is not true or false", "give true or false")
+            fail(path, value, f"is not {dialect.booleans}", f"give {dialect.booleans}")
         return value
 
+    def out_of_range(value: float) -> str | None:
+        """What is wrong with ``value``'s size, or None."""
+        if above is None and least is not None and value < least:
+            return "is negative" if least == 0 else f"is below {least:g}"
+        if above is not None and not value > above:
+            return "is not positive" if above == 0 else f"is not above {above:g}"
+        if below is not None and not value < below:
+            return f"is not below {below:g}"
+        return None
+
     def read_int(value: Any, path: Path) -> Any:
-        bound = "" if least is None else f" >= {least:g}"
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             fail(path, value, "is not a number", f"give an integer{bound}")
-        if not isinstance(value, int) or (least is not None and value < least):
+        if not isinstance(value, int) or out_of_range(value):
             fail(path, value, f"is not an integer{bound}", f"give an integer{bound}")
         return value
 
@@ -330,10 +374,10 @@ def _scalar(hint: type, limits: Limits) -> Decoder:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             fail(path, value, "is not a number", "give a number, e.g. 0.0")
         if limits.finite and not math.isfinite(value):
-            fail(path, value, "is not finite", "give a finite number, e.g. 0.0")
-        if least is not None and value < least:
-            fail(path, value, "is negative" if least == 0 else f"is below {least:g}",
-                 f"give a number >= {least:g}")  # fmt: skip
+            fail(path, value, "is not finite", f"give a finite number{bound or ', e.g. 0.0'}")
+        problem = out_of_range(value)
+        if problem is not None:
+            fail(path, value, problem, f"give a number{bound}")
         return value
 
     return {str: read_str, bool: read_bool, int: read_int, float: read_float}[hint]

@@ -3,42 +3,51 @@
 Input: keyword arguments (Python) or a mapping (YAML, see :mod:`autoplan.tools.runfile`).
 Output: a :class:`PlanConfig` every stage reads and none mutates. Bad values
 raise ``ValueError`` naming the field, the value and what is allowed.
+
+The rules are the fields' type hints (``Annotated`` with :class:`~autoplan.core.codec.OneOf`
+and :class:`~autoplan.core.codec.Limits`), checked by the codec's walk: the same walk reads
+a run file's ``plan:`` section, so a value is refused alike from Python and from YAML.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
+from autoplan.core.codec import Codec, Leaf, Limits, OneOf
+from autoplan.core.codec_forms import PYTHON
 from autoplan.core.errors import PlanError
+from autoplan.core.json_errors import DecodeError
 from autoplan.core.topology import Topology
 
 MM_MODES = ("einsum", "native")
 SOLVERS = ("cbc", "highs")  # the MILP solvers autoplan.ilp.backends runs
 CHECKPOINT_MODES = ("none", "selective", "full")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+Positive = Annotated[float, Limits(above=0)]
 
 
 @dataclass(frozen=True)
 class PlanConfig:
     """How to plan."""
 
-    mm_mode: str = "einsum"
+    NOUN = "plan"  # what the codec's messages call it: a run file's plan section
+
+    mm_mode: Annotated[str, OneOf(MM_MODES)] = "einsum"
     """``"einsum"``: rewrite nn.Linear's view->mm->view into einsum so batch and
     sequence dims stay visible (sequence parallelism can be found).
     ``"native"``: keep mm and use DTensor's single-dim rules with
     ``_StridedShard`` variants."""
-    memory_budget_gib: float | None = None
+    memory_budget_gib: Positive | None = None
     """Per-device GiB for parameters + gradients + optimizer state (+ the saved
     activations and the output's gradient with ``activation_memory``); None = no limit."""
     activation_memory: bool = False
     """Count the activations the forward keeps for the backward, and the output's gradient
     the backward holds, at each strategy's local size, in ``memory_budget_gib``. Either
     way the plan reports them (``Plan.memory_breakdown``)."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: Annotated[str, OneOf((*CHECKPOINT_MODES, "auto"))] = "none"
     """Which activations each layer (a child of an ``nn.ModuleList``) recomputes in the
     backward instead of keeping (see :mod:`autoplan.memory.recompute`): ``"none"``;
     ``"selective"`` keeps matmul and attention outputs and recomputes the rest;
@@ -48,22 +57,22 @@ class PlanConfig:
     and the applied module runs it."""
     optimizer_states: int = 2
     """Optimizer tensors per parameter, each the parameter's size (AdamW: 2)."""
-    param_dtype: str | None = None
+    param_dtype: Annotated[str, OneOf(tuple(DTYPES))] | None = None
     """Mixed precision like FSDP2's MixedPrecisionPolicy: parameters are all-gathered
     and computed in this dtype (``"bfloat16"``, ``"float16"``, ``"float32"``);
     None = the model's own dtype. Master weights, gradients and optimizer state
     stay float32 and are counted at 4 bytes."""
-    reduce_dtype: str | None = None
+    reduce_dtype: Annotated[str, OneOf(tuple(DTYPES))] | None = None
     """Dtype gradients are reduced in (priced at its size); None = the gradient's dtype."""
     bucket_mib: float = 25.0
     """Size cap of the buckets parameter gathers and gradient reductions run merged in
     (see :mod:`autoplan.cost.buckets`; DDP's default); 0 = one collective per move.
     The plan prices and lists the buckets; ``parallelize`` runs them."""
-    solver: str = "cbc"
+    solver: Annotated[str, OneOf(SOLVERS)] = "cbc"
     """MILP solver: ``"cbc"`` (ships with PuLP) or ``"highs"`` (needs highspy)."""
-    time_limit_s: float | None = 300.0
+    time_limit_s: Positive | None = 300.0
     """Solver wall-clock limit; the best plan found so far is returned with status time_limit."""
-    mip_gap: float = 0.0
+    mip_gap: Annotated[float, Limits(below=1)] = 0.0
     """Relative optimality gap at which the solver may stop."""
     collapse_followers: bool = True
     """Merge views and pointwise ops into the node they follow before solving (see
@@ -93,63 +102,10 @@ class PlanConfig:
     """Devices and links the plan is priced on (default: 8x H100 per node)."""
 
     def __post_init__(self) -> None:
-        if self.mm_mode not in MM_MODES:
-            raise PlanError(f"mm_mode ({self.mm_mode!r}) must be one of {', '.join(MM_MODES)}.")
-        if self.memory_budget_gib is not None and not _positive(self.memory_budget_gib):
-            raise PlanError(
-                f"memory_budget_gib ({self.memory_budget_gib!r}) must be a positive number "
-                "of GiB, or None for no limit."
-            )
-        if self.activation_checkpointing not in (*CHECKPOINT_MODES, "auto"):
-            raise PlanError(
-                f"activation_checkpointing ({self.activation_checkpointing!r}) must be one of "
-                f"{', '.join(CHECKPOINT_MODES)} or auto."
-            )
-        if (
-            isinstance(self.optimizer_states, bool)
-            or not isinstance(self.optimizer_states, int)
-            or self.optimizer_states < 0
-        ):
-            raise PlanError(
-                f"optimizer_states ({self.optimizer_states!r}) must be an int >= 0 (AdamW: 2)."
-            )
-        if (
-            isinstance(self.bucket_mib, bool)
-            or not isinstance(self.bucket_mib, (int, float))
-            or not 0 <= self.bucket_mib < float("inf")
-        ):
-            raise PlanError(
-                f"bucket_mib ({self.bucket_mib!r}) must be a number of MiB >= 0 (0: no buckets)."
-            )
-        for name in ("param_dtype", "reduce_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in DTYPES:
-                raise PlanError(f"{name} ({value!r}) must be one of {', '.join(DTYPES)}, or None.")
-        if self.solver not in SOLVERS:
-            raise PlanError(f"solver ({self.solver!r}) must be one of {', '.join(SOLVERS)}.")
-        if self.time_limit_s is not None and not _positive(self.time_limit_s):
-            raise PlanError(
-                f"time_limit_s ({self.time_limit_s!r}) must be a positive number of seconds, "
-                "or None for no limit."
-            )
-        if (
-            isinstance(self.mip_gap, bool)
-            or not isinstance(self.mip_gap, (int, float))
-            or not 0 <= self.mip_gap < 1
-        ):
-            raise PlanError(f"mip_gap ({self.mip_gap!r}) must be in [0, 1).")
-        for name in (
-            "collapse_followers",
-            "cluster_layers",
-            "untie_under_budget",
-            "prune_dominated",
-            "reduced_cost_fixing",
-            "routes",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise PlanError(f"{name} ({getattr(self, name)!r}) must be true or false.")
-        if not isinstance(self.topology, Topology):
-            raise PlanError(f"topology ({self.topology!r}) must be an autoplan Topology.")
+        try:
+            _CHECK.check(self)
+        except DecodeError as exc:
+            raise PlanError(f"{exc.path} ({exc.value!r}) {exc.problem}; {exc.valid}.") from None
 
     @property
     def param_torch_dtype(self) -> torch.dtype | None:
@@ -177,7 +133,21 @@ class PlanConfig:
         return out
 
 
-def _positive(value: Any) -> bool:
-    """A finite number above 0, not a bool (NaN and infinity are refused: None is the way
-    to say "no limit")."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+def _topology(value: Any) -> Topology:
+    if not isinstance(value, Topology):
+        raise ValueError(value)
+    return value
+
+
+_CHECK = Codec(
+    {
+        Topology: Leaf(
+            lambda t: t.device.name,
+            _topology,
+            "give autoplan.Topology.preset('h100') or a Topology(...)",
+            "is not an autoplan Topology",
+        )
+    },
+    PYTHON,
+)
+"""The walk that checks a built PlanConfig's fields against their hints."""

@@ -4,6 +4,12 @@ Input: a YAML path (and ``--set key.path=value`` overrides). Output: a
 frozen :class:`Run`. Every mistake raises :class:`RunFileError` naming the
 file, the key, the value and what is allowed; never a traceback from inside.
 
+The ``model``, ``mesh``, ``inputs``, ``plan`` and ``constraints`` sections are read by
+the codec's walk from their dataclasses (:mod:`autoplan.tools.run_sections`); what stays
+here are the rules across keys (``hf`` or ``name``, axis names per axis, placements per
+mesh axis, the model's longest sequence), a model's arguments (checked by its kind in
+:mod:`autoplan.models.registry`) and the topology (a preset, a mapping or a file).
+
 Schema::
 
     model:    {name: llama3 | moe | mlp, args: {...ModelArgs / MoEArgs / MLPArgs fields}}
@@ -38,6 +44,13 @@ from autoplan.core.user_files import read_text
 from autoplan.models import hf
 from autoplan.models.registry import REFERENCE, model_kind
 from autoplan.tools import strict_yaml
+from autoplan.tools.run_sections import (
+    ConstraintsSection,
+    InputsSection,
+    MeshSection,
+    ModelSection,
+    read_section,
+)
 
 SECTIONS = {"model", "inputs", "mesh", "plan", "topology", "constraints"}
 
@@ -85,27 +98,6 @@ def _err(source: str, key: str, value: Any, allowed: str) -> RunFileError:
     return RunFileError(f"{source}: {key} = {value!r} is not valid; {allowed}")
 
 
-def _section(raw: dict[str, Any], name: str, source: str, keys: Sequence[str]) -> dict[str, Any]:
-    sec = raw.get(name, {})
-    if sec is None:
-        sec = {}
-    if not isinstance(sec, dict):
-        raise _err(source, name, sec, "expected a mapping")
-    unknown = set(sec) - set(keys)
-    if unknown:
-        bad = sorted(unknown)[0]
-        raise RunFileError(
-            f"{source}: unknown key {name}.{bad}; allowed keys in {name}: {', '.join(keys)}"
-        )
-    return sec
-
-
-def _int(source: str, key: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _err(source, key, value, f"expected an integer >= {minimum}")
-    return value
-
-
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], source: str) -> dict[str, Any]:
     """``model.args.n_layers=4`` sets that key (value parsed as YAML)."""
     for item in overrides:
@@ -148,20 +140,15 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     return _parse(raw, source)
 
 
-def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+def _parse_hf(model: ModelSection, source: str) -> tuple[str, dict[str, Any]]:
     """``model: {hf: kind, config: {...}}`` -> (``"hf:kind"``, config), checked."""
-    other = sorted({"name", "args"} & set(model))
+    other = [k for k in ("name", "args") if getattr(model, k) is not None]
     if other:
         raise RunFileError(
             f"{source}: model.{other[0]} cannot be combined with model.hf; a Hugging Face "
             "model is described by model.hf and model.config only"
         )
-    kind = model["hf"]
-    if kind not in hf.KINDS:
-        raise _err(source, "model.hf", kind, f"allowed: {', '.join(hf.KINDS)}")
-    config = model.get("config", {}) or {}
-    if not isinstance(config, dict):
-        raise _err(source, "model.config", config, "expected a mapping of config fields")
+    kind, config = model.hf, model.config or {}
     entry = model_kind(f"hf:{kind}")
     try:
         allowed = entry.keys()
@@ -177,19 +164,14 @@ def _parse_hf(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
     return f"hf:{kind}", config
 
 
-def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+def _parse_reference(model: ModelSection, source: str) -> tuple[str, dict[str, Any]]:
     """``model: {name: llama3 | moe | mlp, args: {...}}`` -> (name, args), checked."""
-    if "config" in model:
+    if model.config is not None:
         raise RunFileError(
             f"{source}: model.config belongs to a Hugging Face model (model.hf); "
             "a reference model takes model.name and model.args"
         )
-    name = model.get("name", "llama3")
-    if name not in REFERENCE:
-        raise _err(source, "model.name", name, f"allowed: {', '.join(REFERENCE)}, or model.hf")
-    args = model.get("args", {}) or {}
-    if not isinstance(args, dict):
-        raise _err(source, "model.args", args, "expected a mapping of model arguments")
+    name, args = model.name or "llama3", model.args or {}
     kind = REFERENCE[name]
     allowed = kind.keys()
     for k in args:
@@ -205,106 +187,68 @@ def _parse_reference(model: dict[str, Any], source: str) -> tuple[str, dict[str,
 
 
 def _parse(raw: dict[str, Any], source: str) -> Run:
-    model = _section(raw, "model", source, ("name", "args", "hf", "config"))
-    if "hf" in model:
+    model = read_section(raw, "model", ModelSection, source)
+    if model.hf is not None:
         name, args = _parse_hf(model, source)
     else:
         name, args = _parse_reference(model, source)
 
-    mesh = _section(raw, "mesh", source, ("shape", "names"))
-    shape = mesh.get("shape")
-    if not isinstance(shape, list) or not shape:
-        raise _err(source, "mesh.shape", shape, "expected a list of axis sizes, e.g. [8, 8]")
-    shape_t = tuple(_int(source, "mesh.shape", s) for s in shape)
-    names = mesh.get("names")
-    if (
-        not isinstance(names, list)
-        or len(names) != len(shape_t)
-        or not all(isinstance(n, str) for n in names)
-    ):
+    mesh = read_section(raw, "mesh", MeshSection, source)
+    if not mesh.shape:
+        raise _err(source, "mesh.shape", [], "expected a list of axis sizes, e.g. [8, 8]")
+    if len(mesh.names) != len(mesh.shape):
         raise _err(
-            source, "mesh.names", names, f"expected {len(shape_t)} axis names, e.g. [dp, tp]"
-        )
-    if len(set(names)) != len(names):
-        raise _err(source, "mesh.names", names, "axis names must be distinct")
+            source, "mesh.names", list(mesh.names),
+            f"expected {len(mesh.shape)} axis names, e.g. [dp, tp]",
+        )  # fmt: skip
+    if len(set(mesh.names)) != len(mesh.names):
+        raise _err(source, "mesh.names", list(mesh.names), "axis names must be distinct")
 
-    inputs = _section(raw, "inputs", source, ("batch", "seq", "placements"))
-    batch = _int(source, "inputs.batch", inputs.get("batch", 8))
-    seq = _int(source, "inputs.seq", inputs.get("seq", 32))
+    inputs = read_section(raw, "inputs", InputsSection, source)
     found = model_kind(name).seq_limit(args)
-    if found is not None and seq > found[0]:
+    if found is not None and inputs.seq > found[0]:
         limit, what, key = found
         raise _err(
             source,
             "inputs.seq",
-            seq,
+            inputs.seq,
             f"at most {limit}, {what} ({key}); raise {key.rpartition('.')[2]} or shorten seq",
         )
-    specs = inputs.get("placements")
-    placements: tuple[Placements, ...] = ()
-    if specs is not None:
-        if not isinstance(specs, list):
-            raise _err(source, "inputs.placements", specs, 'expected a list such as ["S(0)R"]')
-        try:
-            placements = tuple(parse(str(s), len(shape_t)) for s in specs)
-        except ValueError as exc:
-            raise RunFileError(f"{source}: inputs.placements: {exc}") from exc
+    num_axes = len(mesh.shape)
+    placements = _placements(source, "inputs.placements", inputs.placements, num_axes)
 
     topology = load_topology(raw.get("topology"), source)
-    plan = _section(
-        raw,
-        "plan",
-        source,
-        [f.name for f in dataclasses.fields(PlanConfig) if f.name != "topology"],
+    config = dataclasses.replace(read_section(raw, "plan", PlanConfig, source), topology=topology)
+    constraints = read_section(raw, "constraints", ConstraintsSection, source)
+    outputs = _placements(
+        source, "constraints.output_placements", constraints.output_placements, num_axes
     )
-    try:
-        config = PlanConfig(**plan, topology=topology)
-    except (TypeError, ValueError) as exc:
-        raise RunFileError(f"{source}: plan: {exc}") from exc
-    outputs, pins = _parse_constraints(raw, source, len(shape_t))
+    if len(outputs) > 1:
+        raise _err(
+            source, "constraints.output_placements", list(constraints.output_placements or ()),
+            "the planned loss is one tensor: give one placement, e.g. [RR]",
+        )  # fmt: skip
+    pins: dict[str, Placements] = {}
+    for key, spec in (constraints.pin or {}).items():
+        pins[key] = _placement(source, f"constraints.pin.{key}", spec, num_axes)
     topology_file = _topology_file(raw.get("topology"), source)
     return Run(
-        source, name, args, batch, seq, placements, shape_t, tuple(names), config, outputs, pins,
-        None if topology_file is None else str(topology_file),
+        source, name, args, inputs.batch, inputs.seq, placements, mesh.shape, mesh.names,
+        config, outputs, pins, None if topology_file is None else str(topology_file),
     )  # fmt: skip
 
 
-def _placement_list(source: str, key: str, specs: Any, num_axes: int) -> tuple[Placements, ...]:
-    if specs is None:
-        return ()
-    if not isinstance(specs, list):
-        raise _err(source, key, specs, 'expected a list such as ["S(0)R"]')
+def _placement(source: str, key: str, spec: str, num_axes: int) -> Placements:
     try:
-        return tuple(parse(str(s), num_axes) for s in specs)
+        return parse(spec, num_axes)
     except ValueError as exc:
         raise RunFileError(f"{source}: {key}: {exc}") from exc
 
 
-def _parse_constraints(
-    raw: dict[str, Any], source: str, num_axes: int
-) -> tuple[tuple[Placements, ...], dict[str, Placements]]:
-    sec = _section(raw, "constraints", source, ("output_placements", "pin"))
-    outputs = _placement_list(
-        source, "constraints.output_placements", sec.get("output_placements"), num_axes
-    )
-    if len(outputs) > 1:
-        raise _err(
-            source, "constraints.output_placements", sec["output_placements"],
-            "the planned loss is one tensor: give one placement, e.g. [RR]",
-        )  # fmt: skip
-    pin = sec.get("pin") or {}
-    if not isinstance(pin, dict):
-        raise _err(
-            source, "constraints.pin", pin,
-            'expected a mapping of parameter FQN or node name to placement, e.g. {output.weight: "RS(0)"}',
-        )  # fmt: skip
-    pins: dict[str, Placements] = {}
-    for name, spec in pin.items():
-        try:
-            pins[str(name)] = parse(str(spec), num_axes)
-        except ValueError as exc:
-            raise RunFileError(f"{source}: constraints.pin.{name}: {exc}") from exc
-    return outputs, pins
+def _placements(
+    source: str, key: str, specs: tuple[str, ...] | None, num_axes: int
+) -> tuple[Placements, ...]:
+    return tuple(_placement(source, key, s, num_axes) for s in specs or ())
 
 
 def _topology_file(value: Any, source: str) -> Path | None:

@@ -75,5 +75,7 @@ def test_bf16_compute_is_cheaper_than_fp32(mesh8):
 
 def test_bad_dtype_is_a_clear_error():
     """An unknown dtype names the field and the allowed values."""
-    with pytest.raises(ValueError, match="param_dtype \\('bf16'\\) must be one of bfloat16"):
+    with pytest.raises(
+        ValueError, match="param_dtype \\('bf16'\\) is not allowed; give one of \"bfloat16\""
+    ):
         autoplan.PlanConfig(param_dtype="bf16")

@@ -113,7 +113,7 @@ def _write(tmp_path: Path, model: str, inputs: str = "{batch: 8, seq: 32}") -> P
 @pytest.mark.parametrize(
     "model, inputs, message",
     [
-        ("{hf: bert}", None, r"model\.hf = 'bert'.*allowed: gpt2, llama, qwen2, mistral"),
+        ("{hf: bert}", None, r'model\.hf = "bert".*one of "gpt2", "llama", "qwen2", "mistral"'),
         (
             "{hf: gpt2, config: {n_layers: 2}}",
             None,
