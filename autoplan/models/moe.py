@@ -16,14 +16,16 @@ expert dimension, so expert parallelism is ``Shard`` on that dimension of the ex
 weights and of the dispatched tokens, and the dispatch a move from batch-sharded to
 expert-sharded tokens (an all-to-all) that the planner prices and chooses like any other.
 
-Not in this model: a dropless (grouped-matmul) dispatch, Qwen3's per-head q/k norms, and
-the load-balancing auxiliary loss (the forward returns the logits alone).
+``aux_loss_coef`` adds Switch's load-balancing loss through the backward (the forward
+returns the logits alone). Not in this model: a dropless (grouped-matmul) dispatch and
+Qwen3's per-head q/k norms.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,12 @@ class MoEArgs(DecoderShape):
     """Tokens routed together (GShard's groups): a sequence is cut into groups of this many
     (the whole sequence when shorter). The dispatch mask holds ``group * experts *
     capacity`` values per group, so it grows with the group, not with the sequence."""
+    aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss (Switch, Fedus et al. 2021) each layer adds to the
+    training loss: ``n_experts`` x the sum over experts of (its share of the top-k choices)
+    x (its mean router score), which is 1 when routing is even. The forward still returns
+    the logits alone; the loss enters through the backward (its gradient reaches the
+    router). 0: none."""
 
     def __post_init__(self) -> None:
         self._check_shape("n_experts", "top_k", "expert_dim", "group_size")
@@ -77,6 +85,8 @@ class MoEArgs(DecoderShape):
             raise PlanError(f"score ({self.score!r}) must be one of {', '.join(SCORES)}.")
         if self.capacity_factor <= 0:
             raise PlanError(f"capacity_factor ({self.capacity_factor}) must be positive.")
+        if not self.aux_loss_coef >= 0:
+            raise PlanError(f"aux_loss_coef ({self.aux_loss_coef}) must be 0 or more.")
         if self.head_dim < 0:
             raise PlanError(
                 f"head_dim ({self.head_dim}) must be positive, or 0 for dim // n_heads."
@@ -185,6 +195,13 @@ class MoEFeedForward(nn.Module):
         # the shared experts: one SwiGLU every token goes through beside the routed ones
         self.shared = FeedForward(args.dim, hidden) if args.n_shared_experts else None
 
+    def scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [groups, group, dim]`` -> the router's scores of every expert ``[groups, group,
+        expert]`` and each token's ``top_k`` chosen experts ``[groups, group, k]``."""
+        logits = self.router(x).float()
+        scores = logits.softmax(-1) if self.args.score == "softmax" else logits.sigmoid()
+        return scores, scores.topk(self.args.top_k, dim=-1).indices
+
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [groups, group, dim]`` -> (dispatch, combine) of :func:`dispatch_masks`, from
         the router's scores of each token's ``top_k`` experts."""
@@ -197,6 +214,15 @@ class MoEFeedForward(nn.Module):
             top = top / top.sum(-1, keepdim=True)
         return dispatch_masks(chosen, top, args.n_experts, args.capacity(group), x.dtype)
 
+    def balance_loss(self, x: torch.Tensor) -> torch.Tensor:
+        """The load-balancing loss of ``x [groups, group, dim]`` (see ``MoEArgs.aux_loss_coef``),
+        averaged over the groups; only the mean scores carry a gradient."""
+        scores, chosen = self.scores(x)
+        experts = torch.arange(self.args.n_experts, device=x.device)
+        with torch.no_grad():
+            share = (chosen[..., None] == experts).float().mean((1, 2))  # [groups, expert]
+        return self.args.n_experts * (share * scores.mean(1)).sum(-1).mean()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         group = self.args.group(seq)
@@ -206,7 +232,25 @@ class MoEFeedForward(nn.Module):
         out = torch.einsum("bsec,becd->bsd", combine, self.experts(routed)).reshape(x.shape)
         if self.shared is not None:
             out = out + self.shared(x)
+        if self.args.aux_loss_coef > 0:
+            out = _AddToLoss.apply(out, self.args.aux_loss_coef * self.balance_loss(tokens))
         return out
+
+
+class _AddToLoss(torch.autograd.Function):
+    """Pass ``out`` on unchanged and add ``extra`` to whatever loss the step computes from
+    it: the backward gives ``extra`` a gradient of 1 (Megatron's and DeepSpeed's way of
+    training an auxiliary loss when the forward returns the logits alone)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        ctx.extra = (extra.shape, extra.dtype)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape, dtype = ctx.extra
+        return grad, torch.ones(shape, dtype=dtype, device=grad.device)
 
 
 class MoEBlock(DecoderBlock):

@@ -4,6 +4,8 @@ expert-parallel plan on 4 gloo processes against one device."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -11,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import autoplan
 from autoplan.core.placements import fmt
 from autoplan.models import hf
-from autoplan.models.moe import MoETransformer, mixtral_8x7b, tiny_moe
+from autoplan.models.moe import MoEArgs, MoETransformer, mixtral_8x7b, tiny_moe
 from autoplan.result.plan import Plan
 from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
 from tests.helpers.gloo import run_workers
@@ -59,6 +61,13 @@ def test_on_mixtral_dims_the_planner_shards_the_experts_by_expert(build, expert_
 
 
 WORLD = 4
+
+
+def _balanced() -> MoEArgs:
+    """The tiny MoE with its load-balancing loss on: the run checks that path too."""
+    return dataclasses.replace(tiny_moe(), aux_loss_coef=0.01)
+
+
 EP_PINS = {
     f"layers.{i}.feed_forward.experts.{w}": "RS(0)" for i in range(2) for w in ("w1", "w2", "w3")
 }
@@ -69,10 +78,10 @@ def _expert_parallel_step(rank: int, text: str) -> dict:
     device: the placements, both losses and each gradient's largest relative error."""
     plan = Plan.from_json(text)
     mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
-    model = MoETransformer(tiny_moe())
+    model = MoETransformer(_balanced())
     model.init_weights(seed=0)
     x = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(1))
-    ref = MoETransformer(tiny_moe())
+    ref = MoETransformer(_balanced())
     ref.load_state_dict(model.state_dict())
     ref_loss = ref(x).float().pow(2).mean()
     ref_loss.backward()
@@ -93,10 +102,11 @@ def _expert_parallel_step(rank: int, text: str) -> dict:
 
 
 def test_an_expert_parallel_plan_runs_on_four_processes_as_on_one_device(tmp_path):
-    """The tiny MoE on (dp=2, ep=2) with each layer's experts split over ep: the loss and
-    every gradient match one device."""
+    """The tiny MoE with its load-balancing loss on (dp=2, ep=2), each layer's experts split
+    over ep: the loss and every gradient (the router's carry the balance loss's) match one
+    device."""
     with torch.device("meta"):
-        model = MoETransformer(tiny_moe())
+        model = MoETransformer(_balanced())
     plan = autoplan.plan(
         model,
         lambda: torch.randint(0, 128, (4, 16)),

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from autoplan.core.errors import PlanError
 from autoplan.models.moe import MoEArgs, MoEFeedForward, tiny_moe
@@ -95,8 +96,35 @@ def test_groups_route_apart_and_a_sequence_must_split_into_them():
         ({"n_experts": 0}, "n_experts (0) must be a positive integer"),
         ({"capacity_factor": 0.0}, "capacity_factor (0.0) must be positive"),
         ({"dim": 66}, "or give head_dim"),
+        ({"aux_loss_coef": -0.1}, "aux_loss_coef (-0.1) must be 0 or more"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(change, words):
     with pytest.raises(PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
         MoEArgs(**(dataclasses.asdict(tiny_moe()) | {"head_dim": 0} | change))
+
+
+def test_the_balance_loss_reaches_the_router_and_leaves_the_output_alone():
+    """aux_loss_coef c: the layer's output is unchanged, and the router's gradient is that of
+    the step's loss plus c x the balance loss (which is 1 when routing is even)."""
+    args = tiny_moe()
+    torch.manual_seed(0)
+    layer = MoEFeedForward(dataclasses.replace(args, aux_loss_coef=0.3))
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.1)
+    plain = MoEFeedForward(args)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    out = layer(x)
+    assert torch.equal(out, plain(x))
+    out.pow(2).sum().backward()
+    (plain(x).pow(2).sum() + 0.3 * plain.balance_loss(x)).backward()
+    torch.testing.assert_close(layer.router.weight.grad, plain.router.weight.grad)
+    alone = MoEFeedForward(args)
+    alone.load_state_dict(plain.state_dict())
+    alone(x).pow(2).sum().backward()
+    assert not torch.allclose(alone.router.weight.grad, plain.router.weight.grad)
+    even = MoEFeedForward(args)
+    nn.init.zeros_(even.router.weight)
+    assert float(even.balance_loss(x)) == pytest.approx(1.0)
