@@ -52,9 +52,8 @@ algbw`` and runs the cheapest (NVIDIA/nccl ``src/graph/tuning.cc``,
 * all_to_all has no entry in tuning.cc. We price it as a pairwise exchange: the
   NVLink and NIC transfers of each rank run concurrently, so the slower one
   (the NIC once nodes > 1) bounds it; its latency is that of an n-1 step ring,
-  the round count of pairwise exchange (Thakur, Rabenseifner and Gropp 2005). Its
-  NIC share is ``A2A_NET_EFFICIENCY``, published for point-to-point transfers, not the
-  rings' ``NET_EFFICIENCY``.
+  the round count of pairwise exchange (Thakur, Rabenseifner and Gropp 2005), its NIC
+  share ``A2A_NET_EFFICIENCY`` (point-to-point), not the rings' ``NET_EFFICIENCY``.
 
 A calibrated topology (``Topology.collectives``, :mod:`autoplan.core.measured`) replaces
 all of the above, for the ops and link classes it measured, by its own ring fit.
@@ -97,10 +96,7 @@ NET_EFFICIENCY = 0.88
 """Usable share of NIC line rate: one value between the published shares of NVIDIA's NDR and
 DGX A100 runs (nccl-tests#290, nccl#812) and of a RoCE H100 cluster (nccl#1221)."""
 A2A_NET_EFFICIENCY = 48.5 / 50.0
-"""Usable share of NIC line rate for all_to_all's point-to-point transfers: a 400 Gb/s CX-7
-carries 48-49 GB/s of them, and an all-to-all over N nodes reports N/(N-1) times that as
-its bus bandwidth (NCCL maintainers, nccl-tests#267 and #130). Rings and trees run below
-it (``NET_EFFICIENCY``)."""
+"""all_to_all's NIC share: 48-49 GB/s point to point on 400 Gb/s (nccl-tests#267, #130)."""
 NVLS_EFFICIENCY = 275.0 * 9.0 / 8.0 / 450.0
 """Effective NVLink wire rate under NVLS: algbw 275 GB/s x (n+1)/n at n=8 on 450 GB/s H100."""
 _NVLS_TREE_RATIO = 5.0 / 6.0  # tuning.cc's NVLS bus-to-algorithm ratio, for the network stage
@@ -213,11 +209,8 @@ def _candidates(op: str, p: int, m: int, topo: Topology) -> tuple[_Candidate, ..
 
     if op == "all_to_all":
         # Per rank: (p-1)/n of the buffer over NVLink, (n-p)/n over its NIC, concurrently.
-        a2a_nic = topo.inter_node_gbps * A2A_NET_EFFICIENCY
-        algbw = min(
-            n * nvlink / (p - 1) if p > 1 else math.inf,
-            n * a2a_nic / (n - p) if m > 1 else math.inf,
-        )
+        nic_bw = n * topo.inter_node_gbps * A2A_NET_EFFICIENCY / (n - p) if m > 1 else math.inf
+        algbw = min(n * nvlink / (p - 1) if p > 1 else math.inf, nic_bw)
         latency = _ring_latency(2, n - 1, m - 1, p, m, topo)
         return (_candidate("Pairwise", "Simple", latency, algbw, m),)
 

@@ -176,7 +176,6 @@ def _experts(kind: str, given: dict[str, Any]) -> dict[str, Any]:
             "the capacity form (autoplan.models.hf_experts)",
             stacklevel=3,
         )
-    out: dict[str, Any] = {"experts_implementation": hf_experts.NAME}
     factor = given.pop("capacity_factor", hf_experts.CAPACITY_FACTOR)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
         raise HFConfigError(
@@ -189,7 +188,11 @@ def _experts(kind: str, given: dict[str, Any]) -> dict[str, Any]:
             f"group_size ({size!r}) must be a positive integer for hf: {kind}; "
             f"e.g. {hf_experts.GROUP_SIZE}"
         )
-    return out | {"capacity_factor": float(factor), "group_size": size}
+    return {
+        "experts_implementation": hf_experts.NAME,
+        "capacity_factor": float(factor),
+        "group_size": size,
+    }
 
 
 def make_config(kind: str, config: Mapping[str, Any] | None = None) -> Any:

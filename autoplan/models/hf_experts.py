@@ -25,14 +25,13 @@ module registers nothing.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from autoplan.core.errors import PlanError
-from autoplan.models.moe import dispatch_masks
+from autoplan.models.moe import dispatch_masks, expert_capacity
 
 NAME = "autoplan_capacity"
 CAPACITY_FACTOR = 1.25
@@ -76,7 +75,7 @@ def capacity_experts_forward(
     experts = int(self.num_experts)  # type: ignore[arg-type]
     group = routing_group(self.config, tokens)
     factor = float(getattr(self.config, "capacity_factor", CAPACITY_FACTOR))
-    capacity = max(1, math.ceil(factor * k * group / experts))
+    capacity = expert_capacity(factor, k, group, experts)
     x = hidden_states.reshape(tokens // group, group, dim)
     chosen = top_k_index.reshape(tokens // group, group, k)
     weights = top_k_weights.reshape(tokens // group, group, k)

@@ -113,7 +113,7 @@ class MoEArgs(DecoderShape):
 
     def capacity(self, group: int) -> int:
         """Tokens of one group each expert takes at most."""
-        return max(1, math.ceil(self.capacity_factor * self.top_k * group / self.n_experts))
+        return expert_capacity(self.capacity_factor, self.top_k, group, self.n_experts)
 
 
 def mixtral_8x7b(n_layers: int = 32) -> MoEArgs:
@@ -158,6 +158,12 @@ class Experts(nn.Module):
         return torch.einsum("bech,ehd->becd", gate * up, self.w2)
 
 
+def expert_capacity(factor: float, top_k: int, group: int, n_experts: int) -> int:
+    """Tokens of a group of ``group`` each expert takes at most: ``factor`` times its fair
+    share of the group's ``top_k`` choices, at least one."""
+    return max(1, math.ceil(factor * top_k * group / n_experts))
+
+
 def dispatch_masks(
     chosen: torch.Tensor, top: torch.Tensor, n_experts: int, capacity: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,30 +201,36 @@ class MoEFeedForward(nn.Module):
         # the shared experts: one SwiGLU every token goes through beside the routed ones
         self.shared = FeedForward(args.dim, hidden) if args.n_shared_experts else None
 
-    def scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [groups, group, dim]`` -> the router's scores of every expert ``[groups, group,
-        expert]`` and each token's ``top_k`` chosen experts ``[groups, group, k]``."""
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [groups, group, dim]`` -> the router's score of every expert for every token."""
         logits = self.router(x).float()
-        scores = logits.softmax(-1) if self.args.score == "softmax" else logits.sigmoid()
-        return scores, scores.topk(self.args.top_k, dim=-1).indices
+        return logits.softmax(-1) if self.args.score == "softmax" else logits.sigmoid()
 
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [groups, group, dim]`` -> (dispatch, combine) of :func:`dispatch_masks`, from
         the router's scores of each token's ``top_k`` experts."""
-        args = self.args
-        group = x.shape[1]
-        logits = self.router(x).float()
-        scores = logits.softmax(-1) if args.score == "softmax" else logits.sigmoid()
-        top, chosen = scores.topk(args.top_k, dim=-1)  # [groups, group, k]
-        if args.norm_topk:
-            top = top / top.sum(-1, keepdim=True)
-        return dispatch_masks(chosen, top, args.n_experts, args.capacity(group), x.dtype)
+        dispatch, combine, _ = self._dispatch(self.scores(x), x.shape[1], x.dtype)
+        return dispatch, combine
 
     def balance_loss(self, x: torch.Tensor) -> torch.Tensor:
         """The load-balancing loss of ``x [groups, group, dim]`` (see ``MoEArgs.aux_loss_coef``),
         averaged over the groups; only the mean scores carry a gradient."""
-        scores, chosen = self.scores(x)
-        experts = torch.arange(self.args.n_experts, device=x.device)
+        scores = self.scores(x)
+        return self._balance(scores, scores.topk(self.args.top_k, dim=-1).indices)
+
+    def _dispatch(
+        self, scores: torch.Tensor, group: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dispatch, combine, chosen experts ``[groups, group, k]``) from the scores."""
+        args = self.args
+        top, chosen = scores.topk(args.top_k, dim=-1)
+        if args.norm_topk:
+            top = top / top.sum(-1, keepdim=True)
+        dispatch, combine = dispatch_masks(chosen, top, args.n_experts, args.capacity(group), dtype)
+        return dispatch, combine, chosen
+
+    def _balance(self, scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        experts = torch.arange(self.args.n_experts, device=scores.device)
         with torch.no_grad():
             share = (chosen[..., None] == experts).float().mean((1, 2))  # [groups, expert]
         return self.args.n_experts * (share * scores.mean(1)).sum(-1).mean()
@@ -227,13 +239,15 @@ class MoEFeedForward(nn.Module):
         batch, seq, dim = x.shape
         group = self.args.group(seq)
         tokens = x.reshape(batch * (seq // group), group, dim)
-        dispatch, combine = self.routing(tokens)
+        scores = self.scores(tokens)  # once: the balance loss reads the routing's scores
+        dispatch, combine, chosen = self._dispatch(scores, group, x.dtype)
         routed = torch.einsum("bsec,bsd->becd", dispatch, tokens)
         out = torch.einsum("bsec,becd->bsd", combine, self.experts(routed)).reshape(x.shape)
         if self.shared is not None:
             out = out + self.shared(x)
         if self.args.aux_loss_coef > 0:
-            out = _AddToLoss.apply(out, self.args.aux_loss_coef * self.balance_loss(tokens))
+            extra = self.args.aux_loss_coef * self._balance(scores, chosen)
+            out = _AddToLoss.apply(out, extra)
         return out
 
 
