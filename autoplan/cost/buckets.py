@@ -17,27 +17,35 @@ price); the plan reports the buckets and their price, and the lowered step runs 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan.cost.price import TANGENT_SLOT, CostTable
+from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.trace.capture import TracedGraph
 
 __all__ = [
     "GRAD_SLOT",
+    "MERGEABLE",
     "RESHAPING",
     "Merged",
     "TailBucket",
+    "Charged",
+    "Step",
     "bucket_groups",
+    "grad_tail",
     "merged_moves",
     "op_name",
+    "param_derived",
     "plan_buckets",
     "tail_buckets",
 ]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
+Step = tuple[str, tuple[int, ...], float, float]  # collective, mesh axes, bytes, us
+# a move's steps as the objective priced them: (edge, redist, row, column) -> steps
+Charged = Callable[[EdgeCost, RedistributeModel, int, int], list[Step]]
 MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each
 # ops that only reshape, cast or regroup a value: a collective whose result reaches the
 # gradients through these alone delays no compute when merged with later ones
@@ -118,11 +126,15 @@ def merged_moves(
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
+    charged: Charged | None = None,
 ) -> Merged:
-    """The buckets of two or more moves the chosen plan's head and tail moves run in."""
-    return Merged(
-        tuple((w, tuple(ms)) for w, ms in _merged(traced, costs, redist, choice, cap_bytes))
-    )
+    """The buckets of two or more moves the chosen plan's head and tail moves run in.
+    ``charged`` gives a move's steps as the objective priced them (default: each alone,
+    :meth:`~autoplan.cost.price.EdgeCost.route_steps`); a move it charged below its price
+    alone that runs alone is listed too, as a bucket of one, so that the plan's estimate
+    pays its whole launch."""
+    found = _merged(traced, costs, redist, choice, cap_bytes, charged)
+    return Merged(tuple((w, tuple(ms)) for w, ms in found))
 
 
 def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, Any]]:
@@ -149,10 +161,10 @@ def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, An
 
 def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) -> list[TailBucket]:
     """The backward's tail buckets, with the edges of ``costs`` whose moves they merge
-    and their flat buffer's bytes."""
+    and their flat buffer's bytes (a bucket of one runs without a flat buffer)."""
     out = []
     for where, members in merged.buckets:
-        if where != "tail":
+        if where != "tail" or len(members) < 2:
             continue
         size = math.prod(mesh_shape[a] for a in members[0].axes)
         inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
@@ -171,8 +183,10 @@ def _merged(
     redist: RedistributeModel,
     choice: dict[str, int],
     cap_bytes: float,
+    charged: Charged | None,
 ) -> list[tuple[str, list[_Move]]]:
-    """Each bucket of two or more moves: ``"head"`` or ``"tail"``, and its members."""
+    """Each bucket of two or more moves (or of one charged below its price alone):
+    ``"head"`` or ``"tail"``, and its members."""
     if cap_bytes <= 0:
         return []
     nodes = list(traced.gm.graph.nodes)
@@ -182,9 +196,9 @@ def _merged(
         for e in costs.edges
         if float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]]) > 0.0
     }
-    head_nodes = _param_derived(traced, moved)
+    head_nodes = param_derived(traced, moved)
     forward = _forward(traced)
-    grad_tail = _grad_tail(traced)
+    tail_nodes = grad_tail(traced)
     moves: list[_Move] = []
     for k, e in enumerate(costs.edges):
         if e.slot == TANGENT_SLOT or e.tensor is None:
@@ -196,10 +210,11 @@ def _merged(
             order, where = (position[e.src], 1, 0, k), "tail"
         else:
             order = (position[e.dst], 0, e.slot, k)
-            where = "tail" if e.dst in grad_tail else "head" if e.src in head_nodes else ""
+            where = "tail" if e.dst in tail_nodes else "head" if e.src in head_nodes else ""
         if not where:
             continue
-        for hop, (kind, axes, nbytes, us) in enumerate(e.route_steps(redist, r, c)):
+        steps = charged(e, redist, r, c) if charged else e.route_steps(redist, r, c)
+        for hop, (kind, axes, nbytes, us) in enumerate(steps):
             if where == "head" and hop > 0:
                 break  # a later hop reads the first one's result: not a head collective
             if kind not in MERGEABLE:
@@ -218,12 +233,18 @@ def _merged(
         upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
         keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
         for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
-            if len(group) > 1:
+            if len(group) > 1 or (charged and _below_alone(items[group[0]], redist)):
                 out.append((where, [items[i] for i in group]))
     return out
 
 
-def _param_derived(traced: TracedGraph, moved: set[tuple[str, str]]) -> set[str]:
+def _below_alone(move: _Move, redist: RedistributeModel) -> bool:
+    """Whether ``move`` was charged below what it costs run alone."""
+    p, m = redist.span(move.axes)
+    return move.us < redist.collectives.time_us(move.kind, move.nbytes, p, m)
+
+
+def param_derived(traced: TracedGraph, moved: set[tuple[str, str]]) -> set[str]:
     """Nodes computed from parameters alone, with no move on the way (their values are
     ready before the step computes anything)."""
     derived = set(traced.params)
@@ -250,7 +271,7 @@ def _forward(traced: TracedGraph) -> set[str]:
     return seen
 
 
-def _grad_tail(traced: TracedGraph) -> set[str]:
+def grad_tail(traced: TracedGraph) -> set[str]:
     """Reshaping nodes through which alone a value reaches gradients (a move into one is
     a gradient's, like the move to the parameter's placement)."""
     grads, outputs = set(traced.grads.values()), set(traced.outputs)

@@ -21,8 +21,10 @@ from autoplan.core.graph import fingerprint
 from autoplan.core.torch_adapter import DeviceMesh
 from autoplan.ilp.backends import check_solver
 from autoplan.planner.api_checks import check_plan_args
+from autoplan.planner.bucket_search import search_buckets
 from autoplan.planner.front_end import front_end
 from autoplan.planner.job import plan_on_one_rank
+from autoplan.planner.problem import PricedProblem
 from autoplan.planner.solve_mode import planned_mode, solve_mode
 from autoplan.planner.transient import reserve_transient
 from autoplan.result.plan import Plan
@@ -113,8 +115,12 @@ def plan(
         ) as problem:
             base = _plan_fields(problem.traced, problem.table, cfg, timings)
             mode = planned_mode(cfg)
-            first = solve_mode(problem, mode, base, timed)
-            return reserve_transient(problem, first, mode, base, timed)
+
+            def solve(priced: PricedProblem) -> Plan:
+                first = solve_mode(priced, mode, base, timed)
+                return reserve_transient(priced, first, mode, base, timed)
+
+            return search_buckets(problem, solve(problem), solve, timed)
 
     return here() if broadcast_from is None else plan_on_one_rank(here, mesh, broadcast_from)
 

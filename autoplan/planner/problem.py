@@ -21,6 +21,7 @@ import numpy as np
 
 from autoplan.core.config import PlanConfig
 from autoplan.cost.price import CostTable
+from autoplan.cost.shared_launch import SharedLaunch
 from autoplan.ilp.formulation.build import IlpModel
 from autoplan.ilp.reductions.followers import Reduction, collapse_followers
 from autoplan.memory.layer_modes import ModeChoice, layer_modes, mode_boundary
@@ -60,6 +61,9 @@ class PricedProblem:
     config: PlanConfig
     allowed: dict[str, np.ndarray]
     pinned: set[str]
+    # the moves ``costs`` charges a share of their bucket's launch (None: none;
+    # autoplan.planner.bucket_search)
+    launch: SharedLaunch | None = None
     # each mode's solved ILP (with where its relaxation's ascent ended) and its tied
     # count, for a solve again under a smaller budget
     built: dict[Hashable, tuple[IlpModel, int]] = field(

@@ -21,8 +21,9 @@ from autoplan.core.config import PlanConfig
 from autoplan.core.placements import Placements
 from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
-from autoplan.cost.price import CostTable, state_copies
+from autoplan.cost.price import CostTable, EdgeCost, state_copies
 from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.shared_launch import SharedLaunch
 from autoplan.memory.activations import backward_peak, cotangent_memory
 from autoplan.memory.recompute import stepped_moves
 from autoplan.result.plan import Plan
@@ -59,12 +60,16 @@ def read_solution(
     base: dict[str, Any],
     *,
     stepped: TracedGraph | None = None,
+    launch: SharedLaunch | None = None,
 ) -> Plan:
     """The :class:`~autoplan.result.plan.Plan` of ``choice`` (a strategy per node): its
     objective re-priced from ``costs``, the collectives of every move along its route,
     the routes that are not one move, every node's placements and the stats.
     ``stepped`` is the graph the applied module runs (with its recomputations,
-    :func:`autoplan.memory.recompute.with_recompute`), whose backward's peak is reported."""
+    :func:`autoplan.memory.recompute.with_recompute`), whose backward's peak is reported.
+    ``launch`` says which moves ``costs`` charged a share of their bucket's launch
+    (:mod:`autoplan.cost.shared_launch`): their collectives are reported as charged."""
+    charged = launch.steps if launch is not None else None
     compute_us = sum(float(costs.compute[v][i]) for v, i in choice.items())
     redist = RedistributeModel(table.mesh_shape, CollectiveModel(config.topology))
     comm_us = 0.0
@@ -80,7 +85,7 @@ def read_solution(
         path = e.route(r, c)
         if len(path) > 2:
             routes[Slot(e.dst, e.slot)] = tuple(path[1:-1])
-        for kind, _axes, nbytes, t in e.route_steps(redist, r, c):
+        for kind, _axes, nbytes, t in (charged or EdgeCost.route_steps)(e, redist, r, c):
             entry = totals.setdefault(kind, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += nbytes
@@ -112,7 +117,7 @@ def read_solution(
     )
     step = stepped or traced
     moved, moved_choice = stepped_moves(costs, choice, base.get("recompute", ()))
-    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20)
+    merged = merged_moves(step, moved, redist, moved_choice, config.bucket_mib * 2**20, charged)
     tail = tail_buckets(merged, moved, table.mesh_shape)
     backward, returned = backward_peak(step, table, moved_choice, tail)
     breakdown["transient"] = max(0.0, backward - returned)  # what the backward adds at its peak

@@ -78,6 +78,7 @@ def solve_mode(
         status,
         base,
         stepped=stepped,
+        launch=problem.launch,
     )
 
 
@@ -167,7 +168,15 @@ def _solve_auto(
     done()
     base = _with_modes(base, traced, recompute, modes)
     plan = read_solution(
-        traced, table, costs, config, reduction.expand(own), status, base, stepped=stepped
+        traced,
+        table,
+        costs,
+        config,
+        reduction.expand(own),
+        status,
+        base,
+        stepped=stepped,
+        launch=problem.launch,
     )
     budget = config.memory_budget_bytes
     if budget is not None and plan.memory_bytes > budget - reserve:

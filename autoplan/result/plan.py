@@ -32,12 +32,13 @@ from autoplan.result.records import (
     CommTotal,
     Cost,
     NodePlacement,
+    SharedKind,
     Signed,
     Size,
     Slot,
 )
 
-PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
+PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve", "buckets")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,9 @@ class Plan:
     ``bound_us`` is the solver's proven lower bound on the step time (of plans with tied
     twins when the plan splits some, see ``message``; None when there is none) and
     :attr:`gap` the plan's distance above it: at most ``mip_gap`` for an ``optimal`` plan.
+    ``shared_launches`` lists the bucket kinds (``head`` or ``tail``, collective, mesh
+    axes) whose moves the objective charged a share of their bucket's launch
+    (:mod:`autoplan.planner.bucket_search`); empty: one launch per move.
 
     Where it comes from: the mesh, the config, the parameters' and inputs' shapes.
     ``loss_fn`` names the loss the graph was traced with (``"mean"``: the default) and
@@ -96,6 +100,7 @@ class Plan:
     compute_us: Cost
     comm_us: Cost
     bound_us: Signed | None = None
+    shared_launches: tuple[SharedKind, ...] = ()
     comm: dict[str, CommTotal] = field(default_factory=dict)
     memory_bytes: float = 0.0
     memory_breakdown: dict[Annotated[str, OneOf(BREAKDOWN_KEYS)], float] = field(
@@ -222,8 +227,7 @@ class Plan:
             f"estimated step: {self.objective_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f} ms"
             f" + comm {self.comm_us / 1e3:.2f} ms"
             + (
-                f" ({(self.objective_us - self.estimated_step_us) / 1e3:.2f} ms less "
-                "with the buckets below)"
+                f" ({self.estimated_step_us / 1e3:.2f} ms with the buckets below)"
                 if self.buckets
                 else ""
             )
@@ -251,7 +255,7 @@ class Plan:
         for kind, (moves, buckets, alone, us) in merged.items():
             lines.append(
                 f"  bucketed: {int(moves)} {kind} moves run as {int(buckets)} collectives "
-                f"({alone / 1e3:.3f} ms -> {us / 1e3:.3f} ms; plan.buckets lists them)"
+                f"({alone / 1e3:.3f} ms charged -> {us / 1e3:.3f} ms; plan.buckets lists them)"
             )
         if self.routes:
             lines.append(

@@ -189,6 +189,11 @@ def _steps(plan: Plan, axes: _Axes) -> None:
                 "is not a planned node",
                 "list only nodes of node_placements",
             )
+    for i, (_, _, kind_axes) in enumerate(plan.shared_launches):
+        for a, axis in enumerate(kind_axes):
+            if axis >= axes.num_axes:
+                valid = f"give a mesh axis in 0..{axes.num_axes - 1}"
+                fail(("shared_launches", i, 2, a), axis, "is not a mesh axis", valid)
     for i, b in enumerate(plan.buckets):
         if b.kind not in plan.comm:
             allowed = ", ".join(f'"{k}"' for k in sorted(plan.comm))

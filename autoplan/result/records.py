@@ -40,6 +40,8 @@ Cost = Annotated[float, Limits(finite=False)]
 """Microseconds a plan costs: NaN for the infeasible plan, which has none."""
 Size = Annotated[int, Limits(least=1)]
 """A mesh axis's size."""
+SharedKind = tuple[Annotated[str, OneOf(("head", "tail"))], str, tuple[int, ...]]
+"""A bucket kind: where its bucket runs (``head`` or ``tail``), its collective, its mesh axes."""
 Slotted = Placements | None
 """The placements of one output or input of a node; None where it is no tensor."""
 
@@ -132,7 +134,7 @@ class Bucket(FileView):
     kind: str
     where: Annotated[str, OneOf(("head", "tail"))]
     axes: tuple[int, ...]
-    members: Annotated[int, Limits(least=2)]
+    members: Annotated[int, Limits(least=1)]
     bytes: float
     us: float
     us_alone: float

@@ -29,6 +29,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.memory.recompute import checkpointed
+from autoplan.planner.bucket_search import with_shared_launches
 from autoplan.planner.front_end import front_end
 from autoplan.planner.problem import PricedProblem
 from autoplan.planner.solve_mode import planned_mode, structure
@@ -188,6 +189,8 @@ def rebuild(run: Run, plan: Plan, *, plan_source: str = "plan") -> Rebuilt:
     arguments = run_arguments(run)  # the model built once, for the check and the trace
     check_matches(run, plan, plan_source, arguments["model"])
     with front_end(**arguments) as problem:
+        if plan.shared_launches:  # priced as the plan's solve was
+            problem = with_shared_launches(problem, plan.shared_launches)
         return _read_back(run, plan, plan_source, problem)
 
 

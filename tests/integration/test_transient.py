@@ -24,7 +24,7 @@ def _plan(**config) -> autoplan.Plan:
 
 def test_the_time_limit_bounds_the_plan_with_its_transient_re_solves(monkeypatch):
     """plan.time_limit_s covers the first solve and the transient's re-solves together:
-    with no time left after the first, none runs, and the plan says its peak is over and
+    with no time left after the first, none runs (nor a bucket search's), and the plan says its peak is over and
     that the limit ran out (each solve had the whole limit, so a budgeted plan took two or
     three times it)."""
     free = _plan()
@@ -42,5 +42,6 @@ def test_the_time_limit_bounds_the_plan_with_its_transient_re_solves(monkeypatch
 
     monkeypatch.setattr(SolveClock, "left", left)
     plan = _plan(memory_budget_gib=budget, activation_memory=True, time_limit_s=60.0)
-    assert len(solves) == 1 and reads == [60.0, 60.0]
+    # read by the first solve, the transient's re-solve and the bucket search: one solve
+    assert len(solves) == 1 and reads == [60.0, 60.0, 60.0]
     assert "ran out before a re-solve" in plan.message and "time_limit_s (60.0 s)" in plan.message

@@ -38,7 +38,7 @@ def test_objective_is_compute_plus_comm(meta_mlp, mesh8):
     """The reported objective splits exactly into compute and comm."""
     plan = plan_mlp(meta_mlp, mesh8)
     assert plan.objective_us == pytest.approx(plan.compute_us + plan.comm_us)
-    assert set(plan.timings) == set(PHASES)
+    assert set(plan.timings) == set(PHASES) - {"buckets"}  # timed when a bucket search runs
     assert plan.ilp_size["variables"] > 0
 
 

@@ -190,6 +190,14 @@ BAD = {
         edited(lambda d: d["comm"]["all_gather"].__setitem__("count", "two")),
         ['comm["all_gather"]["count"] = "two"', "not a number", *FIX],
     ),
+    "shared-launch-axis-2-on-2-axes": (
+        edited(lambda d: d.__setitem__("shared_launches", [["tail", "all_reduce", [2]]])),
+        ["shared_launches[0][2][0] = 2", "not a mesh axis", "0..1", *FIX],
+    ),
+    "shared-launch-in-the-middle": (
+        edited(lambda d: d.__setitem__("shared_launches", [["middle", "all_reduce", [0]]])),
+        ['shared_launches[0][0] = "middle"', "head", "tail", *FIX],
+    ),
     "repeated-key": (
         text(lambda t: t.replace('"status": "optimal"', '"status": "optimal", "status": "great"')),
         ['repeats the key "status"', *FIX],

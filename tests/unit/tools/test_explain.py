@@ -17,6 +17,7 @@ from autoplan.tools.explain import explain, format_explain
 from autoplan.tools.rebuild import PlanMismatchError, rebuild
 from autoplan.tools.runfile import load_run
 from autoplan.trace.capture import trace_joint
+from tests.helpers.paths import REPO
 from tests.helpers.runs import EXPLAIN_LLAMA_RUN, EXPLAIN_MLP_RUN, plan_saved
 
 # Devices slow enough that the EXPLAIN_MLP_RUN's compute, not the per-kernel floor, sets its time, so
@@ -199,3 +200,31 @@ def test_a_worse_choice_is_reported_as_missed(exact, tmp_path):
     assert best["strategy"] == before["strategy"]
     assert best["delta_us"] == pytest.approx(-worse["delta_us"])
     assert "missed a better plan" in format_explain(after)
+
+
+QWEN2_DP4_CALIBRATED = """
+model:
+  hf: qwen2
+  config: {num_hidden_layers: 2, hidden_size: 256, intermediate_size: 768,
+           num_attention_heads: 8, num_key_value_heads: 4, vocab_size: 1024,
+           max_position_embeddings: 128}
+inputs: {batch: 8, seq: 128, placements: ["S(0)"]}
+mesh: {shape: [4], names: [dp]}
+topology: TOPOLOGY
+"""
+
+
+def test_a_plan_solved_with_shared_launches_is_rebuilt_with_them(tmp_path):
+    """A plan the bucket search replaced (its gradients' all-reduce charged shares of one
+    launch) is re-priced as its solve priced it: its choice costs its objective."""
+    topology = REPO / "benchmarks" / "cpu-gloo-2x2.yaml"
+    run, _, saved = plan_saved(tmp_path, QWEN2_DP4_CALIBRATED.replace("TOPOLOGY", str(topology)))
+    plan = Plan.load(saved)
+    assert plan.shared_launches == (("tail", "all_reduce", (0,)),)
+    rb = rebuild(run, plan)
+    edges = sum(
+        float(e.cost[e.src_group[rb.choice[e.src]], e.dst_group[rb.choice[e.dst]]])
+        for e in rb.costs.edges
+    )
+    compute = sum(float(rb.costs.compute[v][i]) for v, i in rb.choice.items())
+    assert compute + edges == pytest.approx(plan.objective_us, rel=1e-9)

@@ -1,0 +1,113 @@
+"""Stage 5 (solve), bucket search: plans priced with the launches their buckets share.
+
+Input: the priced problem, the plan solved with one launch per move, and the solve to
+run again (the mode's solve and the transient's re-solves, from a priced problem to a
+plan). Output: the plan with the lowest estimate with its buckets
+(:attr:`~autoplan.result.plan.Plan.estimated_step_us`) among that plan and the plans
+solved with the kinds it merges opened (:mod:`autoplan.cost.shared_launch`).
+
+Why: the ILP prices each move with a launch of its own, an upper bound on a step that
+merges them, so a layout whose moves merge well (data parallelism's many gradient
+reductions) is priced as if each launched alone. Opening every kind at once would
+undercharge a kind with a single member (it pays its whole launch when run) and makes
+the MIP far harder; opening only the kinds a solved plan already merges, and keeping
+the plan estimated cheapest, costs a solve or two and never returns a plan estimated
+dearer than the first. Skipped when merging saves little of the first plan's step (a
+large model's launches are a small part of it), so most plans are solved once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.shared_launch import BucketKind, SharedLaunch, open_costs
+from autoplan.planner.problem import PricedProblem, Timer
+from autoplan.result.plan import Plan
+
+__all__ = ["ROUNDS", "WORTH", "search_buckets", "with_shared_launches"]
+
+ROUNDS = 2  # solves with kinds opened, at most
+# the share of its estimated step the first plan's buckets must save for a search
+WORTH = 0.02
+# a plan replaces the best so far only when estimated cheaper by more than rounding
+_BETTER = 1e-9
+
+
+def search_buckets(
+    problem: PricedProblem,
+    first: Plan,
+    solve: Callable[[PricedProblem], Plan],
+    timed: Timer,
+) -> Plan:
+    """``first``, or a plan solved with the bucket kinds it merges (and then those the
+    new plan merges) charged their shares, when that plan's bucketed estimate is lower
+    and its peak fits a budget that counts activations as ``first``'s does."""
+    cap = problem.config.bucket_mib * 2**20
+    if cap <= 0 or first.status == "infeasible" or not _worth(first):
+        return first
+    best, plan, opened = first, first, frozenset[BucketKind]()
+    best_opened = opened
+    for _ in range(ROUNDS):
+        left = problem.clock.left(problem.config.time_limit_s)
+        wider = opened | _merged_kinds(plan)
+        if (left is not None and left <= 0) or wider == opened:
+            break
+        opened = wider
+        done = timed("buckets")
+        priced = with_shared_launches(problem, opened)
+        done()
+        plan = solve(priced)
+        if plan.status == "infeasible":
+            break
+        cheaper = plan.estimated_step_us < best.estimated_step_us * (1.0 - _BETTER)
+        if cheaper and (_fits(plan, problem) or not _fits(first, problem)):
+            best, best_opened = plan, opened
+    if best is first:
+        return first
+    kinds = ", ".join(_describe(k, best.axis_names) for k in sorted(best_opened))
+    note = (
+        f"Solved again with the moves of each merged kind ({kinds}) charged a share of "
+        f"their bucket's launch: estimated {best.estimated_step_us / 1e3:.4g} ms with its "
+        f"buckets, against {first.estimated_step_us / 1e3:.4g} ms for the plan priced one "
+        "launch per move."
+    )
+    message = " ".join(filter(None, (best.message, note)))
+    return replace(best, message=message, shared_launches=tuple(sorted(best_opened)))
+
+
+def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) -> PricedProblem:
+    """``problem`` with the moves of ``kinds`` charged a share of their bucket's launch
+    (:func:`~autoplan.cost.shared_launch.open_costs`), its solves not yet built."""
+    cap = problem.config.bucket_mib * 2**20
+    launch = SharedLaunch.of(problem.traced, problem.costs, kinds, cap)
+    redist = RedistributeModel(problem.table.mesh_shape, CollectiveModel(problem.config.topology))
+    return replace(
+        problem, costs=open_costs(problem.costs, launch, redist), launch=launch, built={}
+    )
+
+
+def _fits(plan: Plan, problem: PricedProblem) -> bool:
+    """Whether ``plan``'s peak with the backward's transient is within a budget that
+    counts activations (:mod:`autoplan.planner.transient`), or no such budget is set."""
+    budget, config = problem.config.memory_budget_bytes, problem.config
+    if budget is None or not config.counts_activations:
+        return True
+    return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0) <= budget
+
+
+def _worth(plan: Plan) -> bool:
+    """Whether ``plan``'s buckets save at least :data:`WORTH` of its estimated step."""
+    saved = plan.objective_us - plan.estimated_step_us
+    return saved >= WORTH * plan.estimated_step_us
+
+
+def _merged_kinds(plan: Plan) -> frozenset[BucketKind]:
+    return frozenset((b.where, b.kind, tuple(b.axes)) for b in plan.buckets if b.members > 1)
+
+
+def _describe(kind: BucketKind, names: tuple[str, ...]) -> str:
+    where, collective, axes = kind
+    return f"{where} {collective} over {','.join(names[a] for a in axes)}"
