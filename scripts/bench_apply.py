@@ -233,7 +233,10 @@ def main() -> None:
         opts = {"steps": args.steps, "warmup": args.warmup}
         mp.spawn(_worker, args=(port, plans, opts, args.compile, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
-    write_section(args.out, "apply", _report(rows, args))
+    # planned with a topology of one's own: a section of its own beside the default's
+    write_section(
+        args.out, "apply" if args.topology is None else "apply_topology", _report(rows, args)
+    )
     print(f"wrote {args.out}")
 
 
