@@ -27,12 +27,11 @@ from autoplan.trace.capture import TracedGraph
 
 __all__ = [
     "GRAD_SLOT",
-    "MERGEABLE",
     "RESHAPING",
-    "Merged",
-    "TailBucket",
     "Charged",
+    "Merged",
     "Step",
+    "TailBucket",
     "bucket_groups",
     "grad_tail",
     "merged_moves",

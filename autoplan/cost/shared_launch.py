@@ -24,13 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.cost.buckets import (
-    GRAD_SLOT,
-    MERGEABLE,
-    Step,
-    grad_tail,
-    param_derived,
-)
+from autoplan.cost.buckets import GRAD_SLOT, Step, grad_tail, param_derived
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.trace.capture import TracedGraph
@@ -111,11 +105,12 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
     :meth:`SharedLaunch.steps` charges it; the others (and the table) unchanged."""
     if not launch.open:
         return costs
+    places = {where for where, _, _ in launch.open}
     done: dict[tuple[int, str], np.ndarray] = {}  # twins share their price matrix
     edges = []
     for e in costs.edges:
         where = launch.where(e)
-        if not where or e.tensor is None or not _may_open(e, launch, where):
+        if where not in places or e.tensor is None:
             edges.append(e)
             continue
         key = (id(e.cost), where)
@@ -129,8 +124,3 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
             done[key] = cost
         edges.append(replace(e, cost=cost))
     return replace(costs, edges=tuple(edges))
-
-
-def _may_open(e: EdgeCost, launch: SharedLaunch, where: str) -> bool:
-    """Whether some kind open at ``where`` could be a collective of ``e``'s moves."""
-    return any(w == where and kind in MERGEABLE for w, kind, _ in launch.open)

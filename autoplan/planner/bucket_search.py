@@ -25,6 +25,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import BucketKind, SharedLaunch, open_costs
 from autoplan.planner.problem import PricedProblem, Timer
+from autoplan.planner.transient import peak_bytes
 from autoplan.result.plan import Plan
 
 __all__ = ["ROUNDS", "WORTH", "search_buckets", "with_shared_launches"]
@@ -90,12 +91,12 @@ def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) ->
 
 
 def _fits(plan: Plan, problem: PricedProblem) -> bool:
-    """Whether ``plan``'s peak with the backward's transient is within a budget that
-    counts activations (:mod:`autoplan.planner.transient`), or no such budget is set."""
-    budget, config = problem.config.memory_budget_bytes, problem.config
-    if budget is None or not config.counts_activations:
+    """Whether ``plan``'s peak is within a budget that counts activations (as
+    :mod:`autoplan.planner.transient` checks it), or no such budget is set."""
+    budget = problem.config.memory_budget_bytes
+    if budget is None or not problem.config.counts_activations:
         return True
-    return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0) <= budget
+    return peak_bytes(plan) <= budget
 
 
 def _worth(plan: Plan) -> bool:

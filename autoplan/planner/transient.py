@@ -18,7 +18,7 @@ from autoplan.planner.problem import PricedProblem, Timer
 from autoplan.planner.solve_mode import solve_mode
 from autoplan.result.plan import Plan
 
-__all__ = ["reserve_transient"]
+__all__ = ["peak_bytes", "reserve_transient"]
 
 
 def reserve_transient(
@@ -38,7 +38,7 @@ def reserve_transient(
     budget = problem.config.memory_budget_bytes
     if budget is None or not problem.config.counts_activations or plan.status == "infeasible":
         return plan
-    if _peak(plan) <= budget:
+    if peak_bytes(plan) <= budget:
         return plan
     retry, reserve, timed_out = plan, 0.0, False
     for _ in range(rounds):
@@ -50,10 +50,10 @@ def reserve_transient(
         retry = solve_mode(problem, mode, base, timed, reserve=reserve)
         if retry.status == "infeasible":
             break
-        if _peak(retry) <= budget:
+        if peak_bytes(retry) <= budget:
             note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
             return replace(retry, message=" ".join(filter(None, (retry.message, note))))
-    over = (_peak(plan) - budget) / 2**30
+    over = (peak_bytes(plan) - budget) / 2**30
     return replace(
         plan,
         message=" ".join(
@@ -61,7 +61,7 @@ def reserve_transient(
                 None,
                 (
                     plan.message,
-                    f"Its peak with the backward's transient, {_peak(plan) / 2**30:.4g} GiB, "
+                    f"Its peak with the backward's transient, {peak_bytes(plan) / 2**30:.4g} GiB, "
                     f"is {over:.4g} GiB over memory_budget_gib: "
                     + (
                         f"plan.time_limit_s ({problem.config.time_limit_s} s) ran out before a "
@@ -77,5 +77,6 @@ def reserve_transient(
     )
 
 
-def _peak(plan: Plan) -> float:
+def peak_bytes(plan: Plan) -> float:
+    """What ``plan`` holds at the backward's peak: the budget's bytes and the transient."""
     return plan.memory_bytes + plan.memory_breakdown.get("transient", 0.0)
