@@ -2,7 +2,8 @@
 
 Input: the priced problem, the plan solved with one launch per move, and the solve to
 run again (the mode's solve and the transient's re-solves, from a priced problem to a
-plan). Output: the plan with the lowest estimate with its buckets
+plan; with ``auto`` checkpointing it keeps the layers' modes of the first plan, as a
+re-solve choosing them again took 5-40x the first solve's time). Output: the plan with the lowest estimate with its buckets
 (:attr:`~autoplan.result.plan.Plan.estimated_step_us`) among that plan and the plans
 solved with the kinds it merges opened (:mod:`autoplan.cost.shared_launch`).
 
@@ -69,9 +70,11 @@ def search_buckets(
     if best is first:
         return first
     kinds = ", ".join(_describe(k, best.axis_names) for k in sorted(best_opened))
+    auto = problem.config.activation_checkpointing == "auto"
+    kept = " and the layers' checkpointing modes kept" if auto else ""
     note = (
         f"Solved again with the moves of each merged kind ({kinds}) charged a share of "
-        f"their bucket's launch: estimated {best.estimated_step_us / 1e3:.4g} ms with its "
+        f"their bucket's launch{kept}: estimated {best.estimated_step_us / 1e3:.4g} ms with its "
         f"buckets, against {first.estimated_step_us / 1e3:.4g} ms for the plan priced one "
         "launch per move."
     )

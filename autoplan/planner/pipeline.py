@@ -116,11 +116,14 @@ def plan(
             base = _plan_fields(problem.traced, problem.table, cfg, timings)
             mode = planned_mode(cfg)
 
-            def solve(priced: PricedProblem) -> Plan:
-                first = solve_mode(priced, mode, base, timed)
-                return reserve_transient(priced, first, mode, base, timed)
+            def solve(priced: PricedProblem, modes: str | Mapping[str, str] = mode) -> Plan:
+                first = solve_mode(priced, modes, base, timed)
+                return reserve_transient(priced, first, modes, base, timed)
 
-            return search_buckets(problem, solve(problem), solve, timed)
+            first = solve(problem)
+            # the search keeps the layers' modes auto chose: it re-places, not re-checkpoints
+            kept = first.checkpointing if mode == "auto" and first.checkpointing else mode
+            return search_buckets(problem, first, lambda priced: solve(priced, kept), timed)
 
     return here() if broadcast_from is None else plan_on_one_rank(here, mesh, broadcast_from)
 

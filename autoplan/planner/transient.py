@@ -11,6 +11,7 @@ after the mode's first solve.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +25,7 @@ __all__ = ["peak_bytes", "reserve_transient"]
 def reserve_transient(
     problem: PricedProblem,
     plan: Plan,
-    mode: str,
+    mode: str | Mapping[str, str],
     base: dict[str, Any],
     timed: Timer,
     rounds: int = 2,
