@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from autoplan.core.errors import PlanError
+from autoplan.models import moe
 from autoplan.models.moe import dispatch_masks, expert_capacity
 
 NAME = "autoplan_capacity"
@@ -51,8 +52,8 @@ def routing_group(config: Any, tokens: int) -> int:
     """Tokens per routing group for ``tokens`` tokens: the config's ``group_size``, or all of
     them when fewer; a PlanError when they do not split into such groups."""
     size = int(getattr(config, "group_size", GROUP_SIZE))
-    group = min(size, tokens)
-    if size < 1 or tokens % group:
+    group = moe.routing_group(size, tokens)
+    if group is None:
         raise PlanError(
             f"{tokens} tokens (batch x seq) do not split into routing groups of group_size "
             f"({size}); give a batch x seq that is a multiple of it, or set model.config."

@@ -103,8 +103,8 @@ class MoEArgs(DecoderShape):
 
     def group(self, seq: int) -> int:
         """Tokens per routing group for sequences of ``seq`` tokens."""
-        group = min(self.group_size, seq)
-        if seq % group:
+        group = routing_group(self.group_size, seq)
+        if group is None:
             raise PlanError(
                 f"a sequence of {seq} tokens does not split into groups of group_size "
                 f"({self.group_size}); give a seq that is a multiple of it, or another group_size."
@@ -156,6 +156,13 @@ class Experts(nn.Module):
         gate = F.silu(torch.einsum("becd,edh->bech", x, self.w1))
         up = torch.einsum("becd,edh->bech", x, self.w3)
         return torch.einsum("bech,ehd->becd", gate * up, self.w2)
+
+
+def routing_group(size: int, tokens: int) -> int | None:
+    """Tokens per routing group of ``tokens`` tokens: ``size``, or all of them when fewer;
+    None when they do not split into such groups (the caller says how to fix it)."""
+    group = min(size, tokens)
+    return group if size >= 1 and tokens % group == 0 else None
 
 
 def expert_capacity(factor: float, top_k: int, group: int, n_experts: int) -> int:
