@@ -52,7 +52,8 @@ class Plan:
     redistributions (:mod:`autoplan.cost.routes`), keyed by the node's tensor input
     (:class:`Slot`, ``"node:slot"`` in the file), each with the placements the tensor
     passes between its producer's and the node's. ``buckets`` lists the collectives of
-    ``comm`` that run merged (:class:`Bucket`, :mod:`autoplan.cost.buckets`).
+    ``comm`` that run merged (:class:`Bucket`, :mod:`autoplan.cost.buckets`), and a move
+    the objective charged a share of a launch that runs alone, as a bucket of one.
     ``checkpointing`` maps each layer to its activation-checkpointing mode and
     ``recompute`` lists the forward nodes the backward computes again
     (:mod:`autoplan.memory.recompute`).

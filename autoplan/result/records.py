@@ -127,7 +127,8 @@ class CommTotal(FileView):
 class Bucket(FileView):
     """Collectives of one kind run merged (:mod:`autoplan.cost.buckets`): at the step's
     ``head`` (parameter gathers) or ``tail`` (gradient reductions), over the mesh ``axes``,
-    ``members`` moves of ``bytes`` in all, priced ``us`` merged and ``us_alone`` apart."""
+    ``members`` moves of ``bytes`` in all, priced ``us`` merged and ``us_alone`` as the
+    objective charged them (apart, or each a share of a launch: ``Plan.shared_launches``)."""
 
     NOUN = "bucket"
 
