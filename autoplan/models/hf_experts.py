@@ -32,7 +32,6 @@ from torch import nn
 
 from autoplan.core.errors import PlanError
 from autoplan.models import moe
-from autoplan.models.moe import dispatch_masks, expert_capacity
 
 NAME = "autoplan_capacity"
 CAPACITY_FACTOR = 1.25
@@ -76,11 +75,11 @@ def capacity_experts_forward(
     experts = int(self.num_experts)  # type: ignore[arg-type]
     group = routing_group(self.config, tokens)
     factor = float(getattr(self.config, "capacity_factor", CAPACITY_FACTOR))
-    capacity = expert_capacity(factor, k, group, experts)
+    capacity = moe.expert_capacity(factor, k, group, experts)
     x = hidden_states.reshape(tokens // group, group, dim)
     chosen = top_k_index.reshape(tokens // group, group, k)
     weights = top_k_weights.reshape(tokens // group, group, k)
-    dispatch, combine = dispatch_masks(chosen, weights, experts, capacity, x.dtype)
+    dispatch, combine = moe.dispatch_masks(chosen, weights, experts, capacity, x.dtype)
     routed = torch.einsum("gsec,gsd->gecd", dispatch, x)
     up = torch.einsum("gecd,efd->gecf", routed, self.gate_up_proj)
     hidden = self._apply_gate(up)  # type: ignore[operator]

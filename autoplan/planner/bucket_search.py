@@ -26,7 +26,7 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import BucketKind, SharedLaunch, open_costs
 from autoplan.planner.problem import PricedProblem, Timer
-from autoplan.planner.transient import peak_bytes
+from autoplan.planner.transient import peak_fits
 from autoplan.result.plan import Plan
 
 __all__ = ["ROUNDS", "WORTH", "search_buckets", "with_shared_launches"]
@@ -65,7 +65,7 @@ def search_buckets(
         if plan.status == "infeasible":
             break
         cheaper = plan.estimated_step_us < best.estimated_step_us * (1.0 - _BETTER)
-        if cheaper and (_fits(plan, problem) or not _fits(first, problem)):
+        if cheaper and (peak_fits(plan, problem.config) or not peak_fits(first, problem.config)):
             best, best_opened = plan, opened
     if best is first:
         return first
@@ -91,15 +91,6 @@ def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) ->
     return replace(
         problem, costs=open_costs(problem.costs, launch, redist), launch=launch, built={}
     )
-
-
-def _fits(plan: Plan, problem: PricedProblem) -> bool:
-    """Whether ``plan``'s peak is within a budget that counts activations (as
-    :mod:`autoplan.planner.transient` checks it), or no such budget is set."""
-    budget = problem.config.memory_budget_bytes
-    if budget is None or not problem.config.counts_activations:
-        return True
-    return peak_bytes(plan) <= budget
 
 
 def _worth(plan: Plan) -> bool:

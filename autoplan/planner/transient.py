@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from autoplan.core.config import PlanConfig
 from autoplan.planner.problem import PricedProblem, Timer
 from autoplan.planner.solve_mode import solve_mode
 from autoplan.result.plan import Plan
 
-__all__ = ["peak_bytes", "reserve_transient"]
+__all__ = ["peak_bytes", "peak_fits", "reserve_transient"]
 
 
 def reserve_transient(
@@ -36,11 +37,10 @@ def reserve_transient(
     (another plan has another transient; with ``auto`` the ILP chooses the layers' modes
     again), until a plan's peak fits. When none does, ``plan``, its message saying by
     how much its peak is over."""
+    if plan.status == "infeasible" or peak_fits(plan, problem.config):
+        return plan
     budget = problem.config.memory_budget_bytes
-    if budget is None or not problem.config.counts_activations or plan.status == "infeasible":
-        return plan
-    if peak_bytes(plan) <= budget:
-        return plan
+    assert budget is not None  # a peak that does not fit has a budget
     retry, reserve, timed_out = plan, 0.0, False
     for _ in range(rounds):
         left = problem.clock.left(problem.config.time_limit_s)
@@ -51,7 +51,7 @@ def reserve_transient(
         retry = solve_mode(problem, mode, base, timed, reserve=reserve)
         if retry.status == "infeasible":
             break
-        if peak_bytes(retry) <= budget:
+        if peak_fits(retry, problem.config):
             note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
             return replace(retry, message=" ".join(filter(None, (retry.message, note))))
     over = (peak_bytes(plan) - budget) / 2**30
@@ -76,6 +76,13 @@ def reserve_transient(
             )
         ),
     )
+
+
+def peak_fits(plan: Plan, config: PlanConfig) -> bool:
+    """Whether ``plan``'s peak is within a budget that counts activations, or no such
+    budget is set (the transient is checked only against one)."""
+    budget = config.memory_budget_bytes
+    return budget is None or not config.counts_activations or peak_bytes(plan) <= budget
 
 
 def peak_bytes(plan: Plan) -> float:
