@@ -24,7 +24,11 @@ dropped them: a tensor's use count falls back to one, the keeper's own reference
 still owns each of them when the worker lets go, so the worker frees no Python object
 and needs no GIL, and no program returns while a worker still holds one of its buffers.
 The keeper lets each buffer go at the first collective or wait after its release (then
-the program's own references decide, as before).
+the program's own references decide, as before). A CPU collective's wait also waits for its
+own worker to let go (microseconds: the worker drops a work right after completing it), so
+a buffer's life ends where the program's last use ends, however the machine is loaded, as
+the memory estimate assumes; a device's collectives are left to the next release, since
+their worker lets go only when the device has run them.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ _WAIT = torch.ops._c10d_functional.wait_tensor.default
 # A worker drops a finished work's buffers within microseconds unless the machine is
 # loaded; this bounds the wait for one that never does (a collective nobody waited for).
 _SETTLE_LIMIT_S = 300.0
+# A wait gives up on its own worker after this long and leaves the buffers to a later release.
+_WAIT_LIMIT_S = 10.0
 
 
 class Keeper:
@@ -54,6 +60,8 @@ class Keeper:
 
     def __init__(self) -> None:
         self._held: list[torch.Tensor] = []
+        # a CPU collective's held buffers, by the storage of each of its outputs
+        self._works: dict[int, list[torch.Tensor]] = {}
 
     @property
     def pending(self) -> int:
@@ -68,18 +76,35 @@ class Keeper:
 
         def held(*args: Any, **kwargs: Any) -> Any:
             self._prune()
+            given = len(self._held)
             out = op(*_map_tensors(args, self._alias), **kwargs)
-            self._held += _tensors(out)  # the outputs themselves: the work holds those
+            outs = _tensors(out)
+            self._held += outs  # the outputs themselves: the work holds those
+            if outs and all(t.device.type == "cpu" for t in outs):
+                work = self._held[given:]
+                self._works.update((_storage(t), work) for t in outs if t.numel())
             return _map_tensors(out, torch.Tensor.detach)
 
         held.__name__ = held.__qualname__ = "held_" + op.__name__.replace(".", "_")
         return held
 
     def wait(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``wait_tensor``, then let go of the buffers already released."""
+        """``wait_tensor``; a CPU collective's also waits for its worker to let go of the
+        work; then let go of the buffers already released."""
         out = _WAIT(tensor)
+        work = self._works.get(_storage(tensor)) if tensor.numel() else None
+        if work is not None:
+            self._release(work)
         self._prune()
         return out
+
+    def _release(self, work: list[torch.Tensor]) -> None:
+        """Wait (GIL released) until a finished work's worker lets go of its buffers."""
+        self._works = {k: w for k, w in self._works.items() if w is not work}
+        pause, start = 0.0, time.monotonic()
+        while any(_shared(t) for t in work) and time.monotonic() - start < _WAIT_LIMIT_S:
+            time.sleep(pause)
+            pause = min(2 * pause + 1e-6, 1e-3)
 
     def settle(self) -> None:
         """Return once every held buffer is released by its worker, then let go of all.
@@ -105,8 +130,7 @@ class Keeper:
 
     def _prune(self) -> None:
         # a use count of one: only this list holds the alias (its worker has dropped it)
-        # TensorBase._use_count exists; torch's stubs omit it
-        self._held = [t for t in self._held if t._use_count() > 1]  # type: ignore[attr-defined]
+        self._held = [t for t in self._held if _shared(t)]
 
 
 def hold_collectives(gm: fx.GraphModule, keeper: Keeper) -> fx.GraphModule:
@@ -156,6 +180,16 @@ def full_tensors(values: list[torch.Tensor]) -> list[torch.Tensor]:
     for (i, _), x in zip(placed, full, strict=True):
         out[i] = x
     return out
+
+
+def _shared(tensor: torch.Tensor) -> bool:
+    """Whether anything besides the keeper (a worker) still holds ``tensor``."""
+    # TensorBase._use_count exists; torch's stubs omit it
+    return tensor._use_count() > 1  # type: ignore[attr-defined]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -63,6 +63,26 @@ def test_settle_returns_once_a_late_worker_lets_go():
     assert done.is_set() and keeper.pending == 0
 
 
+def test_a_cpu_collectives_wait_returns_once_its_worker_lets_go(monkeypatch):
+    """The wait of a CPU collective returns only after its own worker dropped the work's
+    buffers, so none outlives the program's last use of it, however late the worker runs;
+    another collective's buffers are left to their own wait."""
+    monkeypatch.setattr(release, "_WAIT", lambda t: t)  # the work is done; its worker is late
+    keeper, worker, other = Keeper(), _Worker(), _Worker()
+    out = keeper.collective(worker.all_gather)(torch.ones(4), 2, "0")
+    keeper.collective(other.all_gather)(torch.ones(4), 2, "0")
+    dropped = threading.Event()
+
+    def late() -> None:
+        time.sleep(0.05)
+        dropped.set()
+        worker.holding.clear()
+
+    threading.Thread(target=late).start()
+    assert keeper.wait(out) is out
+    assert dropped.is_set() and keeper.pending == 2  # the other collective's two
+
+
 def test_settle_raises_for_a_buffer_never_released(monkeypatch):
     """A collective nobody waited for (its worker never lets go) is an error, not a hang."""
     keeper, worker = Keeper(), _Worker()
