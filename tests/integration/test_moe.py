@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 import autoplan
 from autoplan.core.placements import fmt
@@ -16,6 +17,9 @@ from autoplan.models import hf
 from autoplan.models.moe import MoEArgs, MoETransformer, mixtral_8x7b, tiny_moe
 from autoplan.result.plan import Plan
 from autoplan.runtime.apply import full_gradients, parallelize, shard_inputs
+from autoplan.runtime.execute import collective_counts
+from autoplan.runtime.lower import CommCounter
+from tests.helpers.apply_plans import square_loss
 from tests.helpers.gloo import run_workers
 
 
@@ -74,8 +78,9 @@ EP_PINS = {
 
 
 def _expert_parallel_step(rank: int, text: str) -> dict:
-    """One forward and backward of the plan on this rank and of the same model on one
-    device: the placements, both losses and each gradient's largest relative error."""
+    """One step of the plan (the loss planned inside) on this rank, counting the
+    collectives it runs, then one AdamW step, and the same on one device: the placements,
+    both losses, each gradient's and each updated weight's largest relative error."""
     plan = Plan.from_json(text)
     mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=plan.axis_names)
     model = MoETransformer(_balanced())
@@ -83,28 +88,42 @@ def _expert_parallel_step(rank: int, text: str) -> dict:
     x = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(1))
     ref = MoETransformer(_balanced())
     ref.load_state_dict(model.state_dict())
-    ref_loss = ref(x).float().pow(2).mean()
+    ref_loss = square_loss(ref(x))
     ref_loss.backward()
-    pmodel = parallelize(model, plan, mesh)
+    torch.optim.AdamW(ref.parameters(), lr=1e-2).step()
+    pmodel = parallelize(model, plan, mesh, loss_fn=square_loss)
     (local,) = shard_inputs(x, plan, mesh)
-    loss = pmodel(local).float().pow(2).mean()
-    loss.backward()
+    pmodel(local).backward()  # the first call traces
+    pmodel.zero_grad()
+    with CommCounter() as comm:
+        loss = pmodel(local)
+        loss.backward()
+    grads = full_gradients(pmodel)
+    torch.optim.AdamW(pmodel.parameters(), lr=1e-2).step()
     want = dict(ref.named_parameters())
-    errors = {
-        n: float((g - want[n].grad).abs().max() / want[n].grad.abs().max().clamp_min(1e-12))
-        for n, g in full_gradients(pmodel).items()
-    }
     return {
         "placed": {n: fmt(p.placements) for n, p in pmodel.named_parameters()},
-        "loss": [float(loss.full_tensor()), float(ref_loss)],
-        "grads": errors,
-    }
+        "loss": [float(_full(loss)), float(ref_loss.detach())],
+        "grads": {n: _relative(g, want[n].grad) for n, g in grads.items()},
+        "adamw": {n: _relative(p.full_tensor().detach(), want[n].detach())
+                  for n, p in pmodel.named_parameters()},
+        "collectives": collective_counts(comm.get_comm_counts()),
+    }  # fmt: skip
+
+
+def _full(loss: torch.Tensor) -> torch.Tensor:
+    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
 def test_an_expert_parallel_plan_runs_on_four_processes_as_on_one_device(tmp_path):
     """The tiny MoE with its load-balancing loss on (dp=2, ep=2), each layer's experts split
-    over ep: the loss and every gradient (the router's carry the balance loss's) match one
-    device."""
+    over ep: the loss, every gradient (the router's carry the balance loss's) and the
+    weights after one AdamW step match one device, and the step runs the collectives the
+    plan priced, kind by kind."""
     with torch.device("meta"):
         model = MoETransformer(_balanced())
     plan = autoplan.plan(
@@ -113,13 +132,17 @@ def test_an_expert_parallel_plan_runs_on_four_processes_as_on_one_device(tmp_pat
         autoplan.fake_mesh((2, 2), ("dp", "ep")),
         input_placements=["S(0)R"],
         pins=EP_PINS,
+        loss_fn=square_loss,
         config=autoplan.PlanConfig(solver="highs"),
     )
     assert plan.status == "optimal", plan.message
     result = run_workers(_expert_parallel_step, WORLD, str(tmp_path), plan.to_json())[0]
     assert {fqn: result["placed"][fqn] for fqn in EP_PINS} == EP_PINS
+    assert result["collectives"] == plan.collective_counts()
     assert len(result["grads"]) == len(list(model.parameters()))
     got, want = result["loss"]
     assert got == pytest.approx(want, rel=1e-5)
     worst = max(result["grads"].values())
     assert worst < 1e-4, {n: e for n, e in result["grads"].items() if e >= 1e-4}
+    worst = max(result["adamw"].values())
+    assert worst < 1e-4, {n: e for n, e in result["adamw"].items() if e >= 1e-4}
