@@ -121,7 +121,9 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def test_an_expert_parallel_plan_runs_on_four_processes_as_on_one_device(tmp_path):
     """The tiny MoE with its load-balancing loss on (dp=2, ep=2), each layer's experts split
-    over ep: the loss, every gradient (the router's carry the balance loss's) and the
+    over ep and run on their own ranks (the tokens, replicated over ep, reach them with no
+    move; their outputs are gathered back, the dispatch the ILP picks at this size over an
+    all-to-all): the loss, every gradient (the router's carry the balance loss's) and the
     weights after one AdamW step match one device, and the step runs the collectives the
     plan priced, kind by kind."""
     with torch.device("meta"):
