@@ -5,6 +5,7 @@ checked in a fresh interpreter."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -154,21 +155,34 @@ def test_hf_plans_execute_on_4_gloo_ranks(tmp_path):
         assert any("S(" in p for p in results[name]["placed"].values()), results[name]["placed"]
 
 
+# transformers' Qwen3-MoE (its attention's q/k norms included) at the tiny Mixtral's size
+QWEN3_MOE = {
+    "num_hidden_layers": 2, "hidden_size": 64, "moe_intermediate_size": 128,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 128, "max_position_embeddings": 64, "num_experts": 4,
+    "num_experts_per_tok": 2, "capacity_factor": 1.25, "group_size": 64,
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_an_hf_mixtral_expert_parallel_plan_runs_on_4_gloo_ranks_as_on_one_device(tmp_path):
-    """The tiny Hugging Face Mixtral with every layer's experts split by expert over ep
-    (its capacity-form experts, hf_experts): loss, gradients and one SGD step match one
-    device."""
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_an_hf_moe_expert_parallel_plan_runs_on_4_gloo_ranks_as_on_one_device(tmp_path, kind):
+    """The tiny Hugging Face Mixtral and Qwen3-MoE with every layer's experts split by
+    expert over ep (their capacity-form experts, hf_experts): loss, gradients and one SGD
+    step match one device."""
     pins = {
         f"model.layers.{i}.mlp.experts.{w}": "RS(0)"
         for i in range(2)
         for w in ("gate_up_proj", "down_proj")
     }
-    path = tmp_path / "mixtral_ep.yaml"
+    path = tmp_path / f"{kind}_ep.yaml"
     lines = [f'    {fqn}: "{p}"' for fqn, p in pins.items()]
     path.write_text(MIXTRAL.read_text() + "constraints:\n  pin:\n" + "\n".join(lines) + "\n")
-    case = _case("mixtral_ep", path, ["plan.solver=highs"])
-    result = run_workers(_cases, WORLD, str(tmp_path), [case])[0]["mixtral_ep"]
+    overrides = ["plan.solver=highs"]
+    if kind == "qwen3_moe":
+        overrides += ["model.hf=qwen3_moe", f"model.config={json.dumps(QWEN3_MOE)}"]
+    case = _case(f"{kind}_ep", path, overrides)
+    result = run_workers(_cases, WORLD, str(tmp_path), [case])[0][f"{kind}_ep"]
     assert {fqn: result["placed"][fqn] for fqn in pins} == pins
     assert result["loss"][0], f"loss differs by {result['loss'][1]:.3g}"
     assert not result["missing_grads"], result["missing_grads"]
