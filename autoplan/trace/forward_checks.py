@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
 
 
+# A module whose name says it routes tokens to experts (its message names the capacity form)
+_EXPERTS = re.compile(r"expert|moe|router|sparse", re.IGNORECASE)
 # What a user wrote to call each data-dependent op, for the message.
 _WRITTEN_AS = {
     "aten.nonzero": "torch.nonzero, or boolean-mask indexing x[mask]",
@@ -153,11 +156,18 @@ def forward_failed(
         op = str(exc.func)
         written = _WRITTEN_AS.get(op.rsplit(".", 1)[0], op)
         depends = "result" if isinstance(exc, DataDependentOutputException) else "output shape"
+        routing = (
+            " For a mixture of experts, route in the capacity form, whose shapes are fixed: "
+            "autoplan.models.moe's MoEFeedForward, or a Hugging Face MoE built or prepared "
+            "by autoplan.models.hf (its experts run in that form; docs/moe.md)."
+            if _EXPERTS.search(where.split(" at ", 1)[0])  # the module, not the file
+            else ""
+        )
         return PlanError(
             f"{name}'s forward calls {op} ({written}){where}, whose {depends} depends on "
             "tensor values: autoplan traces on fake tensors, which have shapes but no values. "
             "Compute it with fixed shapes (torch.where(mask, x, 0), x * mask, a sum of the "
-            "masked values), or move it out of the planned model."
+            f"masked values), or move it out of the planned model.{routing}"
         )
     if isinstance(exc, (UnsupportedOperatorException, NotImplementedError)) or (
         "no fake impl" in str(exc)  # torch.library's custom op with no register_fake

@@ -92,6 +92,35 @@ class Masked(Linear):
         return h[h > 0].sum()
 
 
+class EagerExperts(nn.Module):
+    """Experts run one by one on the tokens routed to each, as transformers' ``eager``
+    experts do: which tokens an expert takes depends on the router's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(DIM, 4)
+        self.experts = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            (rows,) = torch.where(chosen == e)
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """A block holding the eager experts, under the name ``moe``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moe = EagerExperts()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x)
+
+
 class Branches(Linear):
     """Python control flow on a tensor's value."""
 
@@ -165,6 +194,17 @@ BAD_CALLS = [
             "module 'gate' (Gate)",
             "test_errors_api.py:",
             "torch.where",
+        ],
+    ),
+    (
+        "an eager experts loop",
+        lambda: _plan(SparseMoE()),
+        [
+            "module 'moe' (EagerExperts)",
+            "depends on tensor values",
+            "capacity form",
+            "autoplan.models.moe",
+            "autoplan.models.hf",
         ],
     ),
     (
