@@ -35,7 +35,6 @@ from autoplan.result.plan import Plan
 from autoplan.tools.run_plan import run_plan
 from autoplan.tools.runfile import Run, load_run
 
-ROOT = Path(__file__).resolve().parent.parent
 BUDGET = ["plan.memory_budget_gib=70", "plan.activation_memory=true"]
 ROWS: list[tuple[str, list[str]]] = [
     ("configs/mixtral_8x7b.yaml", []),
