@@ -101,10 +101,7 @@ class Keeper:
     def _release(self, work: list[torch.Tensor]) -> None:
         """Wait (GIL released) until a finished work's worker lets go of its buffers."""
         self._works = {k: w for k, w in self._works.items() if w is not work}
-        pause, start = 0.0, time.monotonic()
-        while any(_shared(t) for t in work) and time.monotonic() - start < _WAIT_LIMIT_S:
-            time.sleep(pause)
-            pause = min(2 * pause + 1e-6, 1e-3)
+        _wait_until(lambda: not any(_shared(t) for t in work), _WAIT_LIMIT_S)
 
     def settle(self) -> None:
         """Return once every held buffer is released by its worker, then let go of all.
@@ -112,16 +109,12 @@ class Keeper:
         Sleeping releases the GIL, which a worker does not need for these buffers; the
         wait is bounded so that a collective nobody waited for raises instead of hanging.
         """
-        pause, start = 0.0, time.monotonic()
-        while self.pending:
-            if time.monotonic() - start > _SETTLE_LIMIT_S:
-                raise RuntimeError(
-                    f"{len(self._held)} collective buffers were not released by their "
-                    f"process group's worker thread within {_SETTLE_LIMIT_S:.0f} s: a "
-                    "collective of the lowered program was never waited for."
-                )
-            time.sleep(pause)
-            pause = min(2 * pause + 1e-5, 1e-3)
+        if not _wait_until(lambda: not self.pending, _SETTLE_LIMIT_S):
+            raise RuntimeError(
+                f"{len(self._held)} collective buffers were not released by their "
+                f"process group's worker thread within {_SETTLE_LIMIT_S:.0f} s: a "
+                "collective of the lowered program was never waited for."
+            )
 
     def _alias(self, tensor: torch.Tensor) -> torch.Tensor:
         alias = tensor.detach()
@@ -180,6 +173,17 @@ def full_tensors(values: list[torch.Tensor]) -> list[torch.Tensor]:
     for (i, _), x in zip(placed, full, strict=True):
         out[i] = x
     return out
+
+
+def _wait_until(done: Callable[[], bool], limit_s: float) -> bool:
+    """Sleep (the GIL released) in growing pauses until ``done()``; False after ``limit_s``."""
+    pause, start = 0.0, time.monotonic()
+    while not done():
+        if time.monotonic() - start > limit_s:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause + 1e-6, 1e-3)
+    return True
 
 
 def _shared(tensor: torch.Tensor) -> bool:
