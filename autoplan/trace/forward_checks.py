@@ -151,7 +151,8 @@ def forward_failed(
 ) -> PlanError:
     """The error to raise for ``exc``, raised by ``model``'s forward while tracing."""
     name = type(model).__name__
-    where = _at(exc, model)
+    module, line = _origin(exc, model)
+    where = _where(module, line)
     if isinstance(exc, _DATA_DEPENDENT):
         op = str(exc.func)
         written = _WRITTEN_AS.get(op.rsplit(".", 1)[0], op)
@@ -160,7 +161,7 @@ def forward_failed(
             " For a mixture of experts, route in the capacity form, whose shapes are fixed: "
             "autoplan.models.moe's MoEFeedForward, or a Hugging Face MoE built or prepared "
             "by autoplan.models.hf (its experts run in that form; docs/moe.md)."
-            if _EXPERTS.search(where.split(" at ", 1)[0])  # the module, not the file
+            if module and _EXPERTS.search(" ".join(module))
             else ""
         )
         return PlanError(
@@ -206,8 +207,22 @@ def quiet_meta_failures() -> Iterator[None]:
 
 
 def _at(exc: BaseException, model: nn.Module | None = None) -> str:
-    """Where in the user's code ``exc`` was raised: the innermost module of ``model``
-    on its stack and the innermost line outside torch and autoplan."""
+    """Where in the user's code ``exc`` was raised, as a message says it (:func:`_origin`)."""
+    return _where(*_origin(exc, model))
+
+
+def _where(module: tuple[str, str] | None, line: str | None) -> str:
+    parts = [f"in module {module[0]!r} ({module[1]})"] if module and module[0] else []
+    if line:
+        parts.append(f"at {line}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def _origin(
+    exc: BaseException, model: nn.Module | None = None
+) -> tuple[tuple[str, str] | None, str | None]:
+    """The innermost module of ``model`` on ``exc``'s stack (its name and class) and the
+    innermost ``path:line`` outside torch and autoplan."""
     names = {id(m): (n, type(m).__name__) for n, m in model.named_modules()} if model else {}
     module, line = None, None
     tb = exc.__traceback__
@@ -219,10 +234,7 @@ def _at(exc: BaseException, model: nn.Module | None = None) -> str:
         if not path.startswith(_LIBRARIES) and not path.startswith("<"):
             line = f"{path}:{tb.tb_lineno}"
         tb = tb.tb_next
-    parts = [f"in module {module[0]!r} ({module[1]})"] if module and module[0] else []
-    if line:
-        parts.append(f"at {line}")
-    return (" " + " ".join(parts)) if parts else ""
+    return module, line
 
 
 def _bare(signature: inspect.Signature) -> inspect.Signature:
