@@ -67,6 +67,7 @@ from autoplan.trace.forward_checks import (
     no_backward,
     quiet_meta_failures,
 )
+from autoplan.trace.stamp import layer_stack, stamp, truncated
 
 LossFn = Callable[[Any], torch.Tensor]
 TANGENT_PREFIX = "ts_"  # step(ps, bs, xs, ts): make_fx names cotangents ts_1, ts_2, ...
@@ -164,6 +165,7 @@ def trace_joint(
     *,
     loss_fn: LossFn | None = None,
     param_dtype: torch.dtype | None = None,
+    stamp_layers: bool = True,
 ) -> TracedGraph:
     """Trace ``model(*input_fn())`` (``model(**input_fn())`` for a dict) and its backward
     into one aten graph.
@@ -175,8 +177,92 @@ def trace_joint(
     ``input_fn`` is called under the fake mode, so ``torch.randint(...)`` in it
     allocates nothing either. ``param_dtype`` traces floating parameters in that
     dtype, as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
+    A deep stack of alike layers is traced as three and stamped to its depth
+    (:mod:`autoplan.trace.stamp`) unless ``stamp_layers`` is False.
     """
     start = time.perf_counter()
+    full = _names(model)
+    stack = layer_stack(model) if stamp_layers else None
+    # A lazy GraphModule only generates and compiles its Python code when ``.code`` or
+    # ``forward`` is first used; no stage does (they walk ``gm.graph``). make_fx builds
+    # the module with ``_lazy_graph_module._make_graph_module`` (which honours this
+    # flag), then ``recompile`` after DCE would generate it a second time. The flag is
+    # restored on exit.
+    with (
+        _paused_gc(),
+        use_lazy_graph_module(True),
+        sdpa_kernel(_DEFAULT_SDPA),
+        quiet_meta_failures(),
+    ):
+        rec = None
+        if stack is not None:  # three layers traced, stamped to the full depth
+            with truncated(stack):
+                rec = _record(model, input_fn, loss_fn, param_dtype)
+            if not stamp(rec.gm, stack, rec.names, full):
+                rec = None
+        if rec is None:
+            rec = _record(model, input_fn, loss_fn, param_dtype)
+        gm = rec.gm
+        _inputs_first(gm)
+        gm.graph.eliminate_dead_code()
+        _refuse_constants(gm, model)
+        gm.recompile()
+    trace_seconds = time.perf_counter() - start
+    leaves, spec, outs, differentiable = (
+        rec.seen["leaves"],
+        rec.seen["spec"],
+        rec.seen["outs"],
+        rec.seen["differentiable"],
+    )
+    param_fqns, buffer_fqns = full
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    num_p, num_b, num_x = len(param_fqns), len(buffer_fqns), rec.num_inputs
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = list(out_node.args[0])  # make_fx flattens (outs, grads) into [*outs, *grads]
+    out_nodes, grad_nodes = flat[: len(outs)], flat[len(outs) :]
+    grads = {fqn: g.name for fqn, g in zip(param_fqns, grad_nodes, strict=True) if g is not None}
+    tangent_names = placeholders[num_p + num_b + num_x :]
+    return TracedGraph(
+        gm=gm,
+        param_fqns=param_fqns,
+        buffer_fqns=buffer_fqns,
+        params=tuple(placeholders[:num_p]),
+        buffers=tuple(placeholders[num_p : num_p + num_b]),
+        inputs=tuple(placeholders[num_p + num_b : num_p + num_b + num_x]),
+        input_keys=rec.input_keys,
+        grads=grads,
+        outputs=tuple(n.name for n in out_nodes),
+        tangents=dict(zip(differentiable, tangent_names, strict=True)),
+        trace_seconds=trace_seconds,
+        loss_name=loss_name(loss_fn),
+        out_spec=spec,
+        out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
+        frozen=tuple(n for n, p in model.named_parameters() if not p.requires_grad),
+    )
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """A raw ``make_fx`` joint graph and what the traced forward returned."""
+
+    gm: fx.GraphModule
+    names: tuple[tuple[str, ...], tuple[str, ...]]  # parameter and buffer FQNs, in order
+    input_keys: tuple[InputKey, ...]
+    num_inputs: int
+    seen: dict[str, Any]
+
+
+def _names(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return tuple(n for n, _ in model.named_parameters()), tuple(n for n, _ in model.named_buffers())
+
+
+def _record(
+    model: nn.Module,
+    input_fn: Callable[[], Any],
+    loss_fn: LossFn | None,
+    param_dtype: torch.dtype | None,
+) -> _Recorded:
+    """``make_fx`` of the model's forward and backward, before any clean-up."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     named_params = list(model.named_parameters())
     named_buffers = list(model.named_buffers())
@@ -230,55 +316,10 @@ def trace_joint(
             grads[i] = g
         return outs, tuple(grads)
 
-    # A lazy GraphModule only generates and compiles its Python code when ``.code`` or
-    # ``forward`` is first used; no stage does (they walk ``gm.graph``). make_fx builds
-    # the module with ``_lazy_graph_module._make_graph_module`` (which honours this
-    # flag), then ``recompile`` after DCE would generate it a second time. The flag is
-    # restored on exit.
-    with (
-        _paused_gc(),
-        use_lazy_graph_module(True),
-        sdpa_kernel(_DEFAULT_SDPA),
-        quiet_meta_failures(),
-    ):
-        with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
-            with _marked_layers(model):
-                gm = make_fx(step)(params, buffers, list(inputs))
-        _inputs_first(gm)
-        gm.graph.eliminate_dead_code()
-        _refuse_constants(gm, model)
-        gm.recompile()
-    trace_seconds = time.perf_counter() - start
-    leaves, spec, outs, differentiable = (
-        seen["leaves"],
-        seen["spec"],
-        seen["outs"],
-        seen["differentiable"],
-    )
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    num_p, num_b, num_x = len(params), len(buffers), len(inputs)
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    flat = list(out_node.args[0])  # make_fx flattens (outs, grads) into [*outs, *grads]
-    out_nodes, grad_nodes = flat[: len(outs)], flat[len(outs) :]
-    grads = {fqn: g.name for fqn, g in zip(param_fqns, grad_nodes, strict=True) if g is not None}
-    tangent_names = placeholders[num_p + num_b + num_x :]
-    return TracedGraph(
-        gm=gm,
-        param_fqns=param_fqns,
-        buffer_fqns=buffer_fqns,
-        params=tuple(placeholders[:num_p]),
-        buffers=tuple(placeholders[num_p : num_p + num_b]),
-        inputs=tuple(placeholders[num_p + num_b : num_p + num_b + num_x]),
-        input_keys=input_keys,
-        grads=grads,
-        outputs=tuple(n.name for n in out_nodes),
-        tangents=dict(zip(differentiable, tangent_names, strict=True)),
-        trace_seconds=trace_seconds,
-        loss_name=loss_name(loss_fn),
-        out_spec=spec,
-        out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
-        frozen=tuple(n for n, p in named_params if not p.requires_grad),
-    )
+    with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
+        with _marked_layers(model):
+            gm = make_fx(step)(params, buffers, list(inputs))
+    return _Recorded(gm, (param_fqns, buffer_fqns), input_keys, len(inputs), seen)
 
 
 def _inputs_first(gm: fx.GraphModule) -> None:
