@@ -78,6 +78,11 @@ class PlanConfig:
     """Merge views and pointwise ops into the node they follow before solving (see
     :mod:`autoplan.ilp.reductions.followers`): a much smaller ILP for a small loss of
     optimality."""
+    stamp_layers: bool = True
+    """Trace a deep stack of alike layers (one ``nn.ModuleList``) as its first four and
+    stamp the second for the rest (see :mod:`autoplan.trace.stamp`): the same graph,
+    several times faster. False traces every layer: for a layer whose forward branches
+    on its own index (not on attributes set when it is built), which stamping cannot see."""
     cluster_layers: bool = True
     """Tie the variables of nodes that repeated identical layers make alike (see
     :mod:`autoplan.ilp.reductions.tying`): the ILP shrinks to about one layer's size."""

@@ -62,7 +62,13 @@ def front_end(
     on ``mesh``; yield the :class:`~autoplan.planner.problem.PricedProblem`. ``timed(phase)`` is
     called as each phase starts and its result when it ends."""
     done = timed("trace")
-    traced = trace_joint(model, input_fn, loss_fn=loss_fn, param_dtype=config.param_torch_dtype)
+    traced = trace_joint(
+        model,
+        input_fn,
+        loss_fn=loss_fn,
+        param_dtype=config.param_torch_dtype,
+        stamp_layers=config.stamp_layers,
+    )
     done()
     with _frozen_heap():
         done = timed("rewrite")

@@ -62,6 +62,7 @@ class PlannedState:
         cfg = plan.config
         self.mm_mode = cfg.get("mm_mode", "einsum")
         self.param_dtype = DTYPES[cfg["param_dtype"]] if cfg.get("param_dtype") else None
+        self.stamp_layers = bool(cfg.get("stamp_layers", True))  # traced as the plan was
         self.reduce_dtype = DTYPES[cfg["reduce_dtype"]] if cfg.get("reduce_dtype") else None
         # plans saved before input keys were recorded took positional inputs only
         self.keys = plan.input_keys or tuple(range(len(self.placements)))
@@ -119,7 +120,11 @@ class PlannedState:
 
             with _original_class(model):
                 traced = trace_joint(
-                    model, example, loss_fn=self.loss_fn, param_dtype=self.param_dtype
+                    model,
+                    example,
+                    loss_fn=self.loss_fn,
+                    param_dtype=self.param_dtype,
+                    stamp_layers=self.stamp_layers,
                 )
             traced, _ = rewrite(traced, mm_mode=self.mm_mode)
             check_fits(traced, self.plan, training=model.training)

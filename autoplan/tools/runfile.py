@@ -18,8 +18,8 @@ Schema::
     mesh:     {shape: [8, 8], names: [dp, tp]}
     plan:     {mm_mode, memory_budget_gib, activation_memory, activation_checkpointing,
                param_dtype, reduce_dtype, solver, time_limit_s, mip_gap,
-               optimizer_states, bucket_mib, collapse_followers, cluster_layers, untie_under_budget,
-               prune_dominated, reduced_cost_fixing, routes}
+               optimizer_states, bucket_mib, collapse_followers, stamp_layers, cluster_layers,
+               untie_under_budget, prune_dominated, reduced_cost_fixing, routes}
     topology: h100 | a100 | h200 | b200 | {device: ..., gpus_per_node: ...} | path.yaml
     constraints: {output_placements: ["RR"],                         # per output tensor
                   pin: {layers.0.attention.wq.weight: "S(0)S(0)", einsum_default: "S(0)R"}}

@@ -44,12 +44,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.func import functional_call
-from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autoplan.core.errors import PlanError
-from autoplan.core.graph import LAYER_KEY
 from autoplan.core.inputs import InputKey, call_form, flatten_inputs
 from autoplan.core.torch_adapter import (
     FakeTensor,
@@ -67,7 +65,8 @@ from autoplan.trace.forward_checks import (
     no_backward,
     quiet_meta_failures,
 )
-from autoplan.trace.stamp import layer_stack, stamp, truncated
+from autoplan.trace.layers import layer_stack, marked_layers, truncated
+from autoplan.trace.stamp import stamp
 
 LossFn = Callable[[Any], torch.Tensor]
 TANGENT_PREFIX = "ts_"  # step(ps, bs, xs, ts): make_fx names cotangents ts_1, ts_2, ...
@@ -130,6 +129,8 @@ class TracedGraph:
     # each input's position or keyword, in the order of ``inputs`` (autoplan.core.inputs)
     input_keys: tuple[InputKey, ...] = ()
     frozen: tuple[str, ...] = ()
+    # traced as four layers and stamped to the depth (autoplan.trace.stamp)
+    stamped: bool = False
 
     @property
     def num_nodes(self) -> int:
@@ -177,7 +178,7 @@ def trace_joint(
     ``input_fn`` is called under the fake mode, so ``torch.randint(...)`` in it
     allocates nothing either. ``param_dtype`` traces floating parameters in that
     dtype, as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` computes with them.
-    A deep stack of alike layers is traced as three and stamped to its depth
+    A deep stack of alike layers is traced as four and stamped to its depth
     (:mod:`autoplan.trace.stamp`) unless ``stamp_layers`` is False.
     """
     start = time.perf_counter()
@@ -195,11 +196,12 @@ def trace_joint(
         quiet_meta_failures(),
     ):
         rec = None
-        if stack is not None:  # three layers traced, stamped to the full depth
+        if stack is not None:  # four layers traced, stamped to the full depth
             with truncated(stack):
                 rec = _record(model, input_fn, loss_fn, param_dtype)
             if not stamp(rec.gm, stack, rec.names, full):
                 rec = None
+        stamped = rec is not None
         if rec is None:
             rec = _record(model, input_fn, loss_fn, param_dtype)
         gm = rec.gm
@@ -238,6 +240,7 @@ def trace_joint(
         out_spec=spec,
         out_leaves=tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
         frozen=tuple(n for n, p in model.named_parameters() if not p.requires_grad),
+        stamped=stamped,
     )
 
 
@@ -317,7 +320,7 @@ def _record(
         return outs, tuple(grads)
 
     with isolated_trace(), mode:  # a caller's CommDebugMode or profiler must not change it
-        with _marked_layers(model):
+        with marked_layers(model):
             gm = make_fx(step)(params, buffers, list(inputs))
     return _Recorded(gm, (param_fqns, buffer_fqns), input_keys, len(inputs), seen)
 
@@ -361,52 +364,6 @@ def _refuse_constants(gm: fx.GraphModule, model: nn.Module) -> None:
         f"(the first of shape {shape}, read by {users}) that are neither parameters, "
         f"buffers nor inputs, so no plan can place them.{hint}"
     )
-
-
-@contextlib.contextmanager
-def _marked_layers(model: nn.Module) -> Iterator[None]:
-    """Tag each forward node a layer makes with the layer's name
-    (:func:`autoplan.core.graph.layer_of`) while ``model`` is traced, then remove the hooks.
-
-    A layer is a child of an ``nn.ModuleList`` (a transformer's blocks), the unit
-    activation checkpointing recomputes; a list nested in a layer belongs to it."""
-    entered: list[contextlib.AbstractContextManager[None]] = []
-
-    def enter(name: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            if entered:
-                entered.append(contextlib.nullcontext())
-            else:
-                entered.append(fx_traceback.annotate({LAYER_KEY: name}))
-            entered[-1].__enter__()
-
-        return hook
-
-    def leave(*_: Any) -> None:
-        entered.pop().__exit__(None, None, None)
-
-    layers = [
-        (f"{prefix}.{child}" if prefix else child, layer)
-        for prefix, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        for child, layer in module.named_children()
-    ]
-    handles = [h for name, layer in layers for h in _hooks(layer, enter(name), leave)]
-    try:
-        with fx_traceback.preserve_node_meta():
-            yield
-    finally:
-        while entered:  # a forward that raised inside a layer
-            entered.pop().__exit__(None, None, None)
-        for h in handles:
-            h.remove()
-
-
-def _hooks(module: nn.Module, before: Callable[..., None], after: Callable[..., None]) -> list[Any]:
-    return [
-        module.register_forward_pre_hook(before),
-        module.register_forward_hook(after, always_call=True),
-    ]
 
 
 @contextlib.contextmanager

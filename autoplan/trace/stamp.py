@@ -1,150 +1,46 @@
-"""Stage 1, trace (stamping): a deep stack of identical layers traced as three, then stamped.
+"""Stage 1, trace (stamping): a deep stack of alike layers traced as four, then stamped.
 
-Input: a model and, from :func:`layer_stack`, its one top-level ``nn.ModuleList`` when
-every layer in it has the same structure (module types, parameter and buffer shapes,
-plain attributes, no hooks). :func:`truncated` hides all but the first three layers while
-``make_fx`` records the joint graph; :func:`stamp` then writes that raw graph out to the
-full depth. Output: the graph a trace of the whole model would have made (same nodes in
-the same order, the same names, arguments and fake values), or ``None`` when the
-three-layer graph does not have the shape stamping needs (the caller traces in full).
+Input: the raw ``make_fx`` joint graph of a model whose layer stack
+(:func:`autoplan.trace.layers.layer_stack`: one top-level ``nn.ModuleList`` of alike
+layers) held only its first four layers while it was traced
+(:func:`autoplan.trace.layers.truncated`); :func:`stamp` writes it out to the full
+depth. Output: the graph a trace of the whole model would have made (same nodes in
+the same order, the same names, arguments and fake values), or False when the
+four-layer graph does not have the shape stamping needs (the caller traces in full).
 
 Why: the layers of a transformer trace into the same ops, and ``make_fx`` pays its
-per-op Python for each of them (LLaMA3-8B: most of the plan's wall time is the trace).
-The first layer reads the embedding and the last feeds the head, so three layers give a
-first, an interior and a last template. Forward nodes carry their layer's tag
+per-op Python for each of them (LLaMA3-8B: most of the plan's wall time was the trace).
+The first layer reads the embedding, the last feeds the head, and the one before the
+last reads the last's gradient where the others read a layer's, so four layers give
+every kind; layer 1 is stamped for the rest. Forward nodes carry their layer's tag
 (:func:`autoplan.core.graph.layer_of`); in the backward, a layer's *core* runs from the
 first to the last node that reads that layer's forward nodes or parameters, and the
 *gap* before it (the nodes between the next layer's core and its own) is its too. A
-node's arguments are addressed relative to its own layer, and the interior layer must
-read its neighbours exactly as its neighbours read theirs (checked here, else ``None``):
-then layer ``j`` is layer 1 shifted by ``j - 1``. Tests compare stamped graphs with
-full traces (fingerprint and names); a run does not trace in full to check.
+node's arguments are addressed relative to its own layer, and layer 1 must read its
+neighbours exactly as they read theirs (checked here, else False): then layer ``j`` is
+layer 1 shifted by ``j - 1``. Tests compare stamped graphs with full traces
+(fingerprint and names); a run does not trace in full to check.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from autoplan.core.graph import LAYER_KEY, layer_of
 from autoplan.core.torch_adapter import pytree
+from autoplan.trace.layers import TEMPLATE_LAYERS, LayerStack
 
-__all__ = ["TEMPLATE_LAYERS", "LayerStack", "layer_stack", "stamp", "truncated"]
+__all__ = ["stamp"]
 
-TEMPLATE_LAYERS = 3
-"""A first, an interior and a last layer."""
-_MIN_DEPTH = TEMPLATE_LAYERS + 1  # at three layers or fewer, stamping saves nothing
-# nn.Module's own bookkeeping, compared through the parameters, buffers and hooks instead
-_MODULE_STATE = frozenset(vars(nn.Module())) - {"training"}
-_HOOKS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
 _NUMBERED = re.compile(r"^(.*)_(\d+)$")
 
 Address = tuple[Any, ...]  # (kind, layer, position) of a layer node; kind F, G or C
-
-
-@dataclass(frozen=True)
-class LayerStack:
-    """The ``nn.ModuleList`` at ``prefix`` whose ``depth`` layers are stamped."""
-
-    prefix: str
-    layers: nn.ModuleList
-    depth: int
-
-
-def layer_stack(model: nn.Module) -> LayerStack | None:
-    """The model's one top-level layer list, when it is deep and its layers are alike."""
-    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
-    top = [(n, m) for n, m in lists if not any(n.startswith(f"{o}.") for o, _ in lists)]
-    if len(top) != 1 or not top[0][0] or _global_hooks():
-        return None
-    prefix, layers = top[0]
-    if len(layers) < _MIN_DEPTH or any(name != str(i) for i, name in enumerate(layers._modules)):
-        return None
-    template = layers[1]
-    if not all(_alike(template, layer, 1, j) for j, layer in enumerate(layers)):
-        return None
-    return LayerStack(prefix, layers, len(layers))
-
-
-def _global_hooks() -> bool:
-    hooks = nn.modules.module
-    return any(
-        getattr(hooks, name, None)
-        for name in (
-            "_global_forward_hooks",
-            "_global_forward_pre_hooks",
-            "_global_backward_hooks",
-            "_global_backward_pre_hooks",
-        )
-    )
-
-
-def _alike(a: nn.Module, b: nn.Module, ia: int, ib: int) -> bool:
-    """Same module tree, tensors and plain attributes, and no hooks; an int attribute may
-    differ when each holds its own layer's index (``layer_id``)."""
-    ma, mb = list(a.named_modules()), list(b.named_modules())
-    if [(n, type(m)) for n, m in ma] != [(n, type(m)) for n, m in mb]:
-        return False
-    for (_, x), (_, y) in zip(ma, mb, strict=True):
-        if any(getattr(m, h) for m in (x, y) for h in _HOOKS):
-            return False
-        if not (
-            _same_tensors(x._parameters, y._parameters) and _same_tensors(x._buffers, y._buffers)
-        ):
-            return False
-        if not _same_attributes(x, y, ia, ib):
-            return False
-    return True
-
-
-def _same_tensors(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def sig(t: torch.Tensor | None) -> Any:
-        if t is None:
-            return None
-        return (t.shape, t.dtype, t.stride(), t.requires_grad, t.device.type)
-
-    return a.keys() == b.keys() and all(sig(a[k]) == sig(b[k]) for k in a)
-
-
-def _same_attributes(x: nn.Module, y: nn.Module, ix: int, iy: int) -> bool:
-    va, vb = vars(x), vars(y)
-    keys = va.keys() - _MODULE_STATE
-    if keys != vb.keys() - _MODULE_STATE:
-        return False
-    for k in keys:
-        p, q = va[k], vb[k]
-        if p is q:
-            continue
-        if type(p) is int and type(q) is int and (p, q) == (ix, iy):
-            continue
-        try:
-            if not bool(p == q):
-                return False
-        except Exception:  # a tensor or an object without a total ==: not provably alike
-            return False
-    return True
-
-
-@contextlib.contextmanager
-def truncated(stack: LayerStack) -> Iterator[None]:
-    """The list holds only its first :data:`TEMPLATE_LAYERS` layers inside; restored on exit."""
-    kept = stack.layers._modules
-    stack.layers._modules = dict(list(kept.items())[:TEMPLATE_LAYERS])
-    try:
-        yield
-    finally:
-        stack.layers._modules = kept
 
 
 def _layer(fqn: str, prefix: str) -> tuple[int, str] | None:
@@ -157,12 +53,13 @@ def _layer(fqn: str, prefix: str) -> tuple[int, str] | None:
 
 
 def _template_of(j: int, depth: int) -> int:
-    return 0 if j == 0 else TEMPLATE_LAYERS - 1 if j == depth - 1 else 1
+    """The template layer that layer ``j`` of ``depth`` is a copy of."""
+    return 0 if j == 0 else 1 if j < depth - 2 else j - depth + TEMPLATE_LAYERS
 
 
 @dataclass
 class _Template:
-    """The raw three-layer graph cut into its layer segments."""
+    """The raw four-layer graph cut into its layer segments."""
 
     nodes: list[fx.Node]
     address: dict[fx.Node, Address]  # a layer node's, or a layer parameter's ("P", layer, rest)
@@ -263,32 +160,30 @@ class _Rel:
 
 
 def _regular(t: _Template) -> bool:
-    """The interior layer computes what the first and the last compute, and reads its
-    neighbours as they read theirs: the previous layer as the last layer reads its
-    previous, the next (and its own gap, which the next layer's backward hands it) as
-    the first layer reads its next. The first layer has no previous, the last no next
-    and no gap: there they read what is outside the stack."""
+    """The interior template (layer 1) computes what layers 0 and 2 compute, and reads
+    its neighbours as they read theirs: its previous layer as layer 2 reads its previous,
+    its next layer (and its own gap, which the next layer's backward hands it) as layer 0
+    reads its next. Layer 0 has no previous; layer 2's next is the last layer, whose gap
+    lies outside the stack: there they read what is outside."""
     for kind in ("F", "C", "G"):
-        segs = {L: t.segments[(kind, L)] for L in range(TEMPLATE_LAYERS) if (kind, L) in t.segments}
-        if len({len(seg) for seg in segs.values()}) != 1:
+        segs = [t.segments.get((kind, layer), []) for layer in range(3)]
+        if len({len(seg) for seg in segs}) != 1:
             return False
         for pos, node in enumerate(segs[1]):
             mine = _arguments(t, node, 1)
-            for L, seg in segs.items():
-                other = seg[pos]
-                theirs = _arguments(t, other, L)
-                if L == 1:
-                    continue
+            for layer in (0, 2):
+                other = segs[layer][pos]
+                theirs = _arguments(t, other, layer)
                 if _head(other) != _head(node) or len(theirs) != len(mine):
                     return False
                 for x, y in zip(mine, theirs, strict=True):
-                    reads_past_end = isinstance(x, _Rel) and (
-                        x.offset == -1 if L == 0 else x.offset == 1 or (x.kind, x.offset) == ("G", 0)
-                    )
-                    if x != y and not reads_past_end:
+                    if x == y:
+                        continue
+                    if not isinstance(x, _Rel):
                         return False
-                    if reads_past_end and TEMPLATE_LAYERS - 1 - L not in segs:
-                        return False  # nothing shows the interior read right
+                    ahead = x.offset == 1 or (x.kind, x.offset) == ("G", 0)
+                    if not ((layer == 0 and x.offset == -1) or (layer == 2 and ahead)):
+                        return False
     return True
 
 
@@ -298,10 +193,10 @@ def stamp(
     template: tuple[Sequence[str], Sequence[str]],
     full: tuple[Sequence[str], Sequence[str]],
 ) -> bool:
-    """Rewrite ``gm``'s raw three-layer joint graph into the graph of all ``stack.depth``
+    """Rewrite ``gm``'s raw four-layer joint graph into the graph of all ``stack.depth``
     layers; False (``gm`` untouched) when it cannot be stamped.
 
-    ``template`` and ``full`` are the (parameter, buffer) names of the three-layer and
+    ``template`` and ``full`` are the (parameter, buffer) names of the four-layer and
     the whole model; the raw graph's placeholders are the template's parameters, its
     buffers and the inputs, with the cotangents where ``make_fx`` made them."""
     graph = gm.graph
@@ -330,7 +225,7 @@ def stamp(
                 return shared[n]
             if shift is not None:
                 return made[(a[0], a[1] + shift, a[2])]
-            if a[1] == 1:
+            if a[1] not in (0, TEMPLATE_LAYERS - 1):
                 raise _Irregular
             return made[(a[0], 0 if a[1] == 0 else depth - 1, a[2])]
 
@@ -338,7 +233,8 @@ def stamp(
 
     def emit(node: fx.Node, shift: int | None, key: Address | None, name: str | None) -> None:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), mapper(shift))
-        target = name if node.op == "placeholder" else node.target  # a placeholder's is its name
+        # a placeholder's target is its name
+        target = name if node.op == "placeholder" and name else node.target
         out = new.create_node(node.op, target, args, kwargs, name)
         out.meta = dict(node.meta)
         if key is None:
