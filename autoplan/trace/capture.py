@@ -27,9 +27,10 @@ attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) the way it
 dispatches to flash attention on a GPU, instead of the unfused math path.
 
 Tracing time is torch's per-op Python (make_fx's proxy bookkeeping and FakeTensor
-dispatch). Two avoidable costs are cut here: the GraphModule's Python code is generated
-once, not twice (lazily, see ``trace_joint``), and cyclic GC is paused while the heap
-only grows (see ``_paused_gc``).
+dispatch), paid per layer: a deep stack of alike layers is traced as four and stamped
+(:mod:`autoplan.trace.stamp`). Two more costs are cut here: the GraphModule's Python
+code is generated once, not twice (lazily, see ``trace_joint``), and cyclic GC is
+paused while the heap only grows (see ``_paused_gc``).
 """
 
 from __future__ import annotations
