@@ -37,6 +37,8 @@ MODELS = {
     # two rows per dp rank: the same flattening makes _S(0,2), rows interleaved
     "mlp_b4": (build_mlp, lambda: torch.randn(4, 32, 64)),
     "llama": (build_llama, lambda: torch.randint(0, 128, (8, 16))),
+    # five layers: traced as four and stamped (autoplan.trace.stamp), as planned and applied
+    "llama5": (lambda: Transformer(tiny(5)), lambda: torch.randint(0, 128, (8, 16))),
 }
 
 TWO_PER_NODE = dataclasses.replace(load_topology("h100"), gpus_per_node=2)

@@ -22,6 +22,7 @@ from autoplan.result.plan import Plan
 from autoplan.runtime.apply import full_gradients, input_placements, parallelize, shard_inputs
 from autoplan.runtime.execute import collective_counts
 from autoplan.runtime.lower import CommCounter
+from autoplan.trace.capture import mean_loss, trace_joint
 from tests.helpers.apply_plans import (
     MODELS,
     WORLD,
@@ -383,7 +384,7 @@ LLAMA_TIGHT_GIB = 0.0006  # forces sharded weights on (dp=2, tp=2): 1.75 MiB rep
 # plan solves in seconds (a memory budget makes the same ILP a knapsack: minutes).
 LLAMA_PINS = {
     f"layers.{layer}.{name}.weight": placement
-    for layer in range(2)
+    for layer in range(5)
     for name, placement in (
         ("attention.wq", "S(0)S(0)"),
         ("attention.wk", "RS(0)"),
@@ -396,13 +397,20 @@ LLAMA_PINS = {
 } | {"output.weight": "S(0)S(0)"}
 
 
-def _pinned_llama(mm_mode: str, **config) -> Plan:
+def _pinned_llama(mm_mode: str, model: str = "llama", **config) -> Plan:
     """The tiny LLaMA on (dp=2, tp=2), its weights pinned to LLAMA_PINS."""
+    build, inputs = MODELS[model]
+    layers = 5 if model == "llama5" else 2
     return plan_model(
-        *MODELS["llama"],
+        build,
+        inputs,
         autoplan.fake_mesh((2, 2), ("dp", "tp")),
         input_placements=["S(0)R"],
-        pins=LLAMA_PINS,
+        pins={
+            k: v
+            for k, v in LLAMA_PINS.items()
+            if not k.startswith("layers.") or int(k.split(".")[1]) < layers
+        },
         mm_mode=mm_mode,
         solver="highs",
         **config,
@@ -419,6 +427,20 @@ def test_tiny_llama_pinned_on_2x2_follows_the_plan_in_both_modes(tmp_path):
         assert plan.status == "optimal", plan.message
         assert results[mode]["placed"]["layers.1.attention.wo.weight"] == "RS(1)"
         _assert_matches(results[mode], plan)
+
+
+def test_a_stamped_five_layer_llama_plans_and_runs_as_one_device(tmp_path):
+    """Five alike layers: planned and applied on traces of four layers stamped to five
+    (autoplan.trace.stamp); on 4 gloo processes loss, gradients, AdamW and the
+    collectives match one device."""
+    build, inputs = MODELS["llama5"]
+    with torch.device("meta"):
+        model = build()
+    assert trace_joint(model, inputs, loss_fn=mean_loss).stamped
+    plan = _pinned_llama("einsum", "llama5")
+    result = _spawn_cases(tmp_path, {"llama5": ("llama5", plan)})
+    assert result["llama5"]["placed"]["layers.4.attention.wo.weight"] == "RS(1)"
+    _assert_matches(result["llama5"], plan)
 
 
 def test_activation_checkpointing_recomputes_as_planned_and_matches_one_device(tmp_path):
