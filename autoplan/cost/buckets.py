@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
-from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.redistribute import RedistributeModel, Step
 from autoplan.trace.capture import TracedGraph
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 GRAD_SLOT = -1  # the edge moving a gradient to its parameter's placement
-Step = tuple[str, tuple[int, ...], float, float]  # collective, mesh axes, bytes, us
 # a move's steps as the objective priced them: (edge, redist, row, column) -> steps
 Charged = Callable[[EdgeCost, RedistributeModel, int, int], list[Step]]
 MERGEABLE = frozenset({"all_reduce", "all_gather", "reduce_scatter"})  # one flat buffer each

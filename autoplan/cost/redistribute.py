@@ -113,6 +113,9 @@ def _step(src: Code, dst: Code) -> str | None:
     return ""
 
 
+Step = tuple[str, tuple[int, ...], float, float]  # (collective, mesh axes, bytes, us)
+
+
 class RedistributeModel:
     """Prices placement changes on one mesh; caches by (src, dst, shape, dtype)."""
 
@@ -121,6 +124,9 @@ class RedistributeModel:
         self.collectives = collectives
         self.gpus_per_node = collectives.topology.gpus_per_node
         self._cache: dict[tuple[Placements, Placements, tuple[int, ...], int], float] = {}
+        self._steps: dict[
+            tuple[Placements, Placements, tuple[int, ...], int], list[Step] | None
+        ] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
 
     def span(self, axes: tuple[int, ...]) -> tuple[int, int]:
@@ -143,17 +149,24 @@ class RedistributeModel:
 
     def steps(
         self, src: Placements, dst: Placements, shape: tuple[int, ...], dtype_bytes: int
-    ) -> list[tuple[str, tuple[int, ...], float, float]] | None:
-        """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible."""
+    ) -> list[Step] | None:
+        """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible;
+        remembered per move (the list is shared: read it, do not change it)."""
+        key = (src, dst, shape, dtype_bytes)
+        if key in self._steps:
+            return self._steps[key]
         found = moves(*encode(src, dst), shape, self.mesh_shape)
-        if found is None:
-            return None
-        numel = math.prod(shape) * dtype_bytes
-        out: list[tuple[str, tuple[int, ...], float, float]] = []
-        for kind, axes, divisor in found:
-            nbytes = numel / divisor
-            p, m = self.span(axes)
-            out.append((kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m)))
+        out: list[Step] | None = None
+        if found is not None:
+            numel = math.prod(shape) * dtype_bytes
+            out = []
+            for kind, axes, divisor in found:
+                nbytes = numel / divisor
+                p, m = self.span(axes)
+                out.append(
+                    (kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m))
+                )
+        self._steps[key] = out
         return out
 
     def _price(
