@@ -222,12 +222,16 @@ def stamp(
         def arg(n: fx.Node) -> fx.Node:
             a = t.address.get(n)
             if a is None:
-                return shared[n]
-            if shift is not None:
-                return made[(a[0], a[1] + shift, a[2])]
-            if a[1] not in (0, TEMPLATE_LAYERS - 1):
+                found = shared.get(n)
+            elif shift is not None:
+                found = made.get((a[0], a[1] + shift, a[2]))
+            elif a[1] in (0, TEMPLATE_LAYERS - 1):
+                found = made.get((a[0], 0 if a[1] == 0 else depth - 1, a[2]))
+            else:  # outside the layers, reading the interior template
+                found = None
+            if found is None:  # read before it is made: the order is not a layer stack's
                 raise _Irregular
-            return made[(a[0], 0 if a[1] == 0 else depth - 1, a[2])]
+            return found
 
         return arg
 
@@ -281,7 +285,8 @@ def stamp(
 
 
 class _Irregular(Exception):
-    """A node outside the layers reads the interior template layer."""
+    """A stamped node would read the interior template layer from outside the layers,
+    or a node not made yet."""
 
 
 def _emit_output(
