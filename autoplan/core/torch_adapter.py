@@ -96,6 +96,7 @@ __all__ = [
     "extract_tensor_metadata",
     "fill_placeholders",
     "force_eager_graph_module",
+    "global_module_hooks",
     "has_op_strategy",
     "init_fake_process_group",
     "isolated_trace",
@@ -391,3 +392,10 @@ def late_input(like: torch.Tensor, name: str) -> torch.Tensor:
         proxy = mode.tracer.create_proxy("placeholder", name, (), {}, name=name)
         track_tensor_tree(value, proxy, constant=None, tracer=mode.tracer)
     return value
+
+
+def global_module_hooks() -> bool:
+    """Whether a hook registered for every module (``register_module_forward_hook``...) is set."""
+    hooks = torch.nn.modules.module
+    kinds = ("forward", "forward_pre", "backward", "backward_pre")
+    return any(getattr(hooks, f"_global_{kind}_hooks", None) for kind in kinds)

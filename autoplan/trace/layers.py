@@ -23,6 +23,7 @@ from torch import nn
 from torch.fx import traceback as fx_traceback
 
 from autoplan.core.graph import LAYER_KEY
+from autoplan.core.torch_adapter import global_module_hooks
 
 __all__ = ["TEMPLATE_LAYERS", "LayerStack", "layer_stack", "marked_layers", "truncated"]
 
@@ -52,7 +53,7 @@ def layer_stack(model: nn.Module) -> LayerStack | None:
     """The model's one top-level layer list, when it is deep and its layers are alike."""
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
     top = [(n, m) for n, m in lists if not any(n.startswith(f"{o}.") for o, _ in lists)]
-    if len(top) != 1 or not top[0][0] or _global_hooks():
+    if len(top) != 1 or not top[0][0] or global_module_hooks():
         return None
     prefix, layers = top[0]
     if len(layers) < _MIN_DEPTH or any(name != str(i) for i, name in enumerate(layers._modules)):
@@ -61,19 +62,6 @@ def layer_stack(model: nn.Module) -> LayerStack | None:
     if not all(_alike(template, layer, 1, j) for j, layer in enumerate(layers)):
         return None
     return LayerStack(prefix, layers, len(layers))
-
-
-def _global_hooks() -> bool:
-    hooks = nn.modules.module
-    return any(
-        getattr(hooks, name, None)
-        for name in (
-            "_global_forward_hooks",
-            "_global_forward_pre_hooks",
-            "_global_backward_hooks",
-            "_global_backward_pre_hooks",
-        )
-    )
 
 
 def _alike(a: nn.Module, b: nn.Module, ia: int, ib: int) -> bool:

@@ -155,6 +155,12 @@ def test_a_layer_with_other_shapes_or_a_hook_is_not_alike() -> None:
     assert layer_stack(model) is None
     handle.remove()
     assert layer_stack(model) is not None
+    handle = nn.modules.module.register_module_forward_hook(lambda *_: None)
+    try:
+        assert layer_stack(model) is None  # a hook on every module runs in each layer too
+    finally:
+        handle.remove()
+    assert layer_stack(model) is not None
     assert layer_stack(_llama(4)) is None  # four layers: nothing to stamp
 
 
