@@ -396,6 +396,5 @@ def late_input(like: torch.Tensor, name: str) -> torch.Tensor:
 
 def global_module_hooks() -> bool:
     """Whether a hook registered for every module (``register_module_forward_hook``...) is set."""
-    hooks = torch.nn.modules.module
     kinds = ("forward", "forward_pre", "backward", "backward_pre")
-    return any(getattr(hooks, f"_global_{kind}_hooks", None) for kind in kinds)
+    return any(getattr(torch.nn.modules.module, f"_global_{k}_hooks", None) for k in kinds)
