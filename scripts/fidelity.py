@@ -20,8 +20,11 @@ mesh with the topology given (a calibrated file, ``autoplan calibrate``), then r
 
 A step is ``loss = model(x); loss.backward()`` with the loss planned inside the model
 (``loss_fn``), which is what a plan's estimate covers; the optimizer's update is not
-timed. Each candidate's figure is the median over ``--steps`` steps after ``--warmup``,
-the slowest rank's time, the candidates taking turns step by step. The table gives each
+timed. Each candidate's figure is the median over ``--steps`` steps, the slowest rank's
+time, measured in ``--rounds`` rounds in which the candidates take turns: each is built,
+warmed up for ``--warmup`` steps, timed and freed before the next, so that it runs alone
+in the processes, as a training job's plan does (beside the other candidates' state the
+plans ran slower, FSDP's most: benchmarks/NOTES.md). The table gives each
 plan's estimate (``Plan.estimated_step_us``: the objective with its buckets), the
 measured step and the error; per model, Spearman's rank correlation over the candidates
 and where the planner's pick (the cheaper estimate of ``free-4`` and ``free``: the plan
@@ -29,13 +32,14 @@ it would choose given both meshes) lands among the measured. Writes its section 
 benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal drawn).
 
     torchrun --nproc-per-node 4 --no-python autoplan calibrate --mesh 2x2 --names dp,tp --out cpu.yaml
-    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--warmup 2] [--model llama ...]
+    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--rounds 4] [--warmup 2] [--model llama ...]
     python scripts/fidelity.py --topology h100 --device cuda   # on a machine with 4 GPUs
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -44,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -233,32 +238,45 @@ def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
             mesh: init_device_mesh(device, mesh[0], mesh_dim_names=mesh[1]) for mesh in (FLAT, GRID)
         }
         for model, plans in work.items():
-            steps = {}
-            for name, text in plans.items():
-                plan = Plan.from_json(text)
-                mesh = meshes[(plan.mesh_shape, plan.axis_names)]
-                pm = parallelize(build(model, device), plan, mesh, loss_fn=square_loss)
-                (x,) = shard_inputs(example(model, device), plan, mesh)
-
-                def step(pm=pm, x=x) -> None:
-                    pm.zero_grad(set_to_none=True)
-                    pm(x).backward()
-
-                steps[name] = step
-            times: dict[str, list[float]] = {name: [] for name in steps}
-            for i in range(opts["warmup"] + opts["steps"]):
-                for name, step in steps.items():  # the candidates take turns
-                    ms, _ = timed_ms(step, device)
-                    if i >= opts["warmup"]:
-                        times[name].append(ms)
-            rows[model] = times
+            rows[model] = _measure(model, plans, meshes, opts)
             if rank == 0:
-                print(f"  {model}: measured {len(steps)} plans", file=sys.stderr, flush=True)
+                print(f"  {model}: measured {len(plans)} plans", file=sys.stderr, flush=True)
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _built(model: str, text: str, meshes: dict, device: str) -> Callable[[], None]:
+    """One training step of plan ``text`` (forward and backward, gradients reset)."""
+    plan = Plan.from_json(text)
+    mesh = meshes[(plan.mesh_shape, plan.axis_names)]
+    pm = parallelize(build(model, device), plan, mesh, loss_fn=square_loss)
+    (x,) = shard_inputs(example(model, device), plan, mesh)
+
+    def step() -> None:
+        pm.zero_grad(set_to_none=True)
+        pm(x).backward()
+
+    return step
+
+
+def _measure(model: str, plans: dict[str, str], meshes: dict, opts: dict) -> dict[str, list[float]]:
+    """Each plan's measured steps: ``rounds`` rounds in which the plans take turns, each
+    built, warmed up, timed and freed before the next, so that a plan runs with its own
+    state alone in the processes, as a training job does."""
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    for _ in range(opts["rounds"]):
+        for name, text in plans.items():
+            step = _built(model, text, meshes, opts["device"])
+            for i in range(opts["warmup"] + opts["steps"] // opts["rounds"]):
+                ms, _ = timed_ms(step, opts["device"])
+                if i >= opts["warmup"]:
+                    times[name].append(ms)
+            del step
+            gc.collect()  # the plan's modules and buffers go before the next is built
+    return times
 
 
 def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
@@ -318,8 +336,9 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str)
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, torch {torch.__version__}; {WORLD} processes "
         f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
-        f"inside the model; the median over {args.steps} steps after {args.warmup}, the "
-        "slowest rank, the candidates taking turns. Error: estimated / measured - 1.",
+        f"inside the model; the median over {args.steps} steps, the slowest rank, in "
+        f"{args.rounds} rounds in which the candidates take turns, each built, warmed up for "
+        f"{args.warmup} steps, timed and freed. Error: estimated / measured - 1.",
         "",
         "| model | plan | mesh | estimated ms | measured ms | error |",
         "|---|---|---|---|---|---|",
@@ -358,12 +377,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--model", action="append", choices=MODELS)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "fidelity.png"))
     args = parser.parse_args()
     if args.steps < 8:
         parser.error(f"--steps {args.steps}: at least 8 steps make a median")
+    if args.rounds < 1 or args.steps % args.rounds:
+        parser.error(f"--rounds {args.rounds}: give a divisor of --steps ({args.steps})")
     if args.device == "cuda" and torch.cuda.device_count() < WORLD:
         parser.error(
             f"--device cuda needs {WORLD} GPUs; this machine has {torch.cuda.device_count()}"
@@ -377,7 +399,12 @@ def main() -> None:
     work = {m: {n: p.to_json() for n, p in ps.items()} for m, ps in plans.items()}
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
-        opts = {"steps": args.steps, "warmup": args.warmup, "device": args.device}
+        opts = {
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "device": args.device,
+        }
         mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
     medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}
