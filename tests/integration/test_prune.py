@@ -23,7 +23,7 @@ from autoplan.trace.capture import trace_joint
 @functools.cache
 def _tiny_llama_costs(layers: int, shape: tuple[int, ...]):
     """Followers-collapsed costs and the input constraint of a tiny LLaMA on a fake mesh."""
-    mesh = autoplan.fake_mesh(shape, ("dp", "tp", "cp")[: len(shape)])
+    mesh = autoplan.fake_mesh(shape, ("dp", "tp", "cp", "ep")[: len(shape)])
     with torch.device("meta"):
         model = Transformer(tiny(layers))
     traced, _ = rewrite(
@@ -58,10 +58,12 @@ def _objective(costs, allowed, budget, *, reduced: bool) -> tuple[float, dict]:
 
 
 TINY_LLAMAS = [(2, (2, 2)), (4, (2, 2)), (2, (2, 2, 2)), (4, (2, 2, 2))]
+# A 4-D mesh, as frontier runs use: the pruning's products of per-axis choices are widest there.
+FOUR_D = (2, (2, 2, 2, 2))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layers,shape", TINY_LLAMAS)
+@pytest.mark.parametrize("layers,shape", [*TINY_LLAMAS, FOUR_D])
 def test_reduced_ilp_matches_plain_on_tiny_llama(layers, shape):
     """Tied, pruned and fixed: the objective equals the plain ILP's within 0.1 %."""
     costs, allowed = _tiny_llama_costs(layers, shape)
