@@ -39,6 +39,7 @@ benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal dr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -48,7 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -99,6 +100,15 @@ LAYOUT = {
 }
 MODELS = tuple(LAYOUT)
 FLAT, GRID = ((WORLD,), ("dp",)), ((2, 2), ("dp", "tp"))
+# On a CPU, glibc's malloc keeping freed memory mapped, as a GPU's caching allocator keeps
+# it: by default it hands a step's large buffers back to the OS and faults them in again
+# the next step, a cost of the OS no GPU job pays and the prices leave out (read by glibc
+# when a process starts, so set for the workers only; a setting of the caller's is kept).
+KEEP_FREED = {
+    "MALLOC_MMAP_THRESHOLD_": str(2**25),  # the largest glibc takes
+    "MALLOC_TRIM_THRESHOLD_": str(2**32),
+    "MALLOC_TOP_PAD_": str(2**28),
+}
 
 
 def square_loss(out: torch.Tensor) -> torch.Tensor:
@@ -333,12 +343,14 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str)
         "# Estimated against measured steps",
         "",
         f"Command: `{cmd}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"Machine: {_cpu_name()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, torch {torch.__version__}; {WORLD} processes "
         f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
         f"inside the model; the median over {args.steps} steps, the slowest rank, in "
         f"{args.rounds} rounds in which the candidates take turns, each built, warmed up for "
-        f"{args.warmup} steps, timed and freed. Error: estimated / measured - 1.",
+        f"{args.warmup} steps, timed and freed"
+        + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
+        + ". Error: estimated / measured - 1.",
         "",
         "| model | plan | mesh | estimated ms | measured ms | error |",
         "|---|---|---|---|---|---|",
@@ -369,6 +381,30 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str)
         f"{max(all_errors):.0%}. Plot: `{_shown(args.plot)}`.",
     ]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _worker_env(defaults: dict[str, str]) -> Iterator[None]:
+    """``defaults`` in the environment the workers inherit, where the caller set none;
+    this process's environment restored after."""
+    added = [k for k in defaults if k not in os.environ]
+    os.environ.update({k: defaults[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            del os.environ[k]
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), or the machine's architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def main() -> None:
@@ -405,7 +441,8 @@ def main() -> None:
             "rounds": args.rounds,
             "device": args.device,
         }
-        mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
+        with _worker_env(KEEP_FREED if args.device == "cpu" else {}):
+            mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
     medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}
     points = {
