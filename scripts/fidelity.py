@@ -62,6 +62,7 @@ from scipy.stats import spearmanr
 from torch.distributed.device_mesh import init_device_mesh
 
 import autoplan
+from autoplan.calibrate.run import cpu_model
 from autoplan.core.errors import PlanError
 from autoplan.models import hf
 from autoplan.models.llama3 import ModelArgs, Transformer
@@ -343,7 +344,7 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str)
         "# Estimated against measured steps",
         "",
         f"Command: `{cmd}`  ",
-        f"Machine: {_cpu_name()}, {os.cpu_count()} CPUs, Python "
+        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, torch {torch.__version__}; {WORLD} processes "
         f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
         f"inside the model; the median over {args.steps} steps, the slowest rank, in "
@@ -394,17 +395,6 @@ def _worker_env(defaults: dict[str, str]) -> Iterator[None]:
     finally:
         for k in added:
             del os.environ[k]
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (Linux), or the machine's architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from autoplan.core.errors import PlanError
 from autoplan.core.measured import Calibration
 from autoplan.core.topology import Topology
 
-__all__ = ["CalibrateOptions", "Calibrated", "calibrate", "measure"]
+__all__ = ["CalibrateOptions", "Calibrated", "calibrate", "cpu_model", "measure"]
 
 Progress = Callable[[str], None]
 
@@ -213,15 +213,19 @@ def _agree_on_out(out: str | Path | None, force: bool, clock: Clock) -> None:
 def _device_name(device: torch.device, per_node: int) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
+    return f"cpu {cpu_model()}, {per_node} ranks per node"
+
+
+def cpu_model() -> str:
+    """This machine's CPU model name (``/proc/cpuinfo`` on Linux), else what ``platform``
+    knows of it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"cpu {model}, {per_node} ranks per node"
+    return platform.processor() or platform.machine()
 
 
 def _memory_gib(device: torch.device, per_node: int) -> float:
