@@ -39,7 +39,6 @@ benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal dr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -49,14 +48,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_steps import free_port, layout_pins, timed_ms  # scripts/gloo_steps.py
+from gloo_steps import KEEP_FREED, free_port, layout_pins, timed_ms, worker_env  # scripts/
 from results_md import RESULTS, ROOT, write_section  # scripts/results_md.py
 from scipy.stats import spearmanr
 from torch.distributed.device_mesh import init_device_mesh
@@ -101,15 +100,6 @@ LAYOUT = {
 }
 MODELS = tuple(LAYOUT)
 FLAT, GRID = ((WORLD,), ("dp",)), ((2, 2), ("dp", "tp"))
-# On a CPU, glibc's malloc keeping freed memory mapped, as a GPU's caching allocator keeps
-# it: by default it hands a step's large buffers back to the OS and faults them in again
-# the next step, a cost of the OS no GPU job pays and the prices leave out (read by glibc
-# when a process starts, so set for the workers only; a setting of the caller's is kept).
-KEEP_FREED = {
-    "MALLOC_MMAP_THRESHOLD_": str(2**25),  # the largest glibc takes
-    "MALLOC_TRIM_THRESHOLD_": str(2**32),
-    "MALLOC_TOP_PAD_": str(2**28),
-}
 
 
 def square_loss(out: torch.Tensor) -> torch.Tensor:
@@ -384,19 +374,6 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str)
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _worker_env(defaults: dict[str, str]) -> Iterator[None]:
-    """``defaults`` in the environment the workers inherit, where the caller set none;
-    this process's environment restored after."""
-    added = [k for k in defaults if k not in os.environ]
-    os.environ.update({k: defaults[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            del os.environ[k]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", required=True, help="calibrated YAML or a preset name")
@@ -431,7 +408,7 @@ def main() -> None:
             "rounds": args.rounds,
             "device": args.device,
         }
-        with _worker_env(KEEP_FREED if args.device == "cpu" else {}):
+        with worker_env(KEEP_FREED if args.device == "cpu" else {}):
             mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
         rows = json.loads(Path(out).read_text())
     medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}

@@ -2,7 +2,8 @@
 
 Input: a step to time (a callable) under an initialised process group, or a model's
 parameters to pin. Output: the step's time as the slowest rank saw it, a free port for
-the group's rendezvous, and torchtitan's tensor-parallel layout as pins.
+the group's rendezvous, torchtitan's tensor-parallel layout as pins, and the
+allocator settings CPU workers run with (:data:`KEEP_FREED`, set by :func:`worker_env`).
 
 Why one module: ``scripts/fidelity.py`` and ``scripts/bench_apply.py`` measure the same
 way, so their figures compare; written once, they cannot drift apart.
@@ -10,15 +11,40 @@ way, so their figures compare; written once, they cannot drift apart.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+# On a CPU, glibc's malloc keeping freed memory mapped, as a GPU's caching allocator keeps
+# it: by default it hands a step's large buffers back to the OS and faults them in again
+# the next step, a cost of the OS no GPU job pays and the prices leave out (read by glibc
+# when a process starts, so set for the workers only; a setting of the caller's is kept).
+KEEP_FREED = {
+    "MALLOC_MMAP_THRESHOLD_": str(2**25),  # the largest glibc takes
+    "MALLOC_TRIM_THRESHOLD_": str(2**32),
+    "MALLOC_TOP_PAD_": str(2**28),
+}
+
+
+@contextlib.contextmanager
+def worker_env(defaults: dict[str, str]) -> Iterator[None]:
+    """``defaults`` in the environment the workers inherit, where the caller set none;
+    this process's environment restored after."""
+    added = [k for k in defaults if k not in os.environ]
+    os.environ.update({k: defaults[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            del os.environ[k]
 
 
 def free_port() -> int:
