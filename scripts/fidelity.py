@@ -32,7 +32,7 @@ it would choose given both meshes) lands among the measured. Writes its section 
 benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal drawn).
 
     torchrun --nproc-per-node 4 --no-python autoplan calibrate --mesh 2x2 --names dp,tp --out cpu.yaml
-    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--rounds 4] [--warmup 2] [--model llama ...]
+    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--rounds 4] [--warmup 2] [--model llama ...] [--skip free-b1 ...]
     python scripts/fidelity.py --topology h100 --device cuda   # on a machine with 4 GPUs
 """
 
@@ -191,11 +191,13 @@ def _footprint(plan: Plan) -> float:
     return sum(plan.memory_breakdown[k] for k in kept)
 
 
-def plan_all(model: str, topology) -> dict[str, Plan]:
-    """Every candidate's plan; a budgeted one's budget lies ``share`` of the way from the
-    FSDP plan's footprint up to the free plan's."""
+def plan_all(model: str, topology, skip: frozenset[str] = frozenset()) -> dict[str, Plan]:
+    """Every candidate's plan but those in ``skip``; a budgeted one's budget lies
+    ``share`` of the way from the FSDP plan's footprint up to the free plan's."""
     plans: dict[str, Plan] = {}
     for name, mesh, pins, share in candidates(model):
+        if name in skip:
+            continue
         budget = None
         if share is not None:
             low, high = _footprint(plans["fsdp"]), _footprint(plans["free"])
@@ -381,6 +383,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--model", action="append", choices=MODELS)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--skip", action="append", default=[], metavar="PLAN",
+        help="leave a candidate out (e.g. free-b1, whose budgeted plan takes minutes)",
+    )  # fmt: skip
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "fidelity.png"))
@@ -395,10 +401,20 @@ def main() -> None:
         )
     topology = load_topology(args.topology)
     models = args.model or list(MODELS)
+    names = {c[0] for c in candidates(models[0])}
+    unknown = sorted(set(args.skip) - names)
+    if unknown:
+        parser.error(
+            f"--skip {unknown[0]}: not a candidate; choose from {', '.join(sorted(names))}"
+        )
+    if {"fsdp", "free"} & set(args.skip) and {"free-b1", "free-b2"} - set(args.skip):
+        parser.error(
+            "--skip fsdp or free needs --skip free-b1 and free-b2 (their budgets use both)"
+        )
     plans = {}
     for model in models:
         print(f"planning {model}", file=sys.stderr, flush=True)
-        plans[model] = plan_all(model, topology)
+        plans[model] = plan_all(model, topology, frozenset(args.skip))
     work = {m: {n: p.to_json() for n, p in ps.items()} for m, ps in plans.items()}
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))

@@ -11,6 +11,8 @@ Why these ops: the roofline prices a node by its FLOPs at the dtype's peak, its 
 the memory bandwidth, plus a fixed cost per op; matmuls at the model's shape classes
 show the peak, large pointwise and reduction ops the bandwidth, tiny ops the fixed cost
 (an eager CPU op's dispatch, a GPU kernel's launch), which dominates small models.
+A fused attention kernel (SDPA, forward and backward) reaches its own share of the peak,
+and a view op runs no kernel but is a dispatcher call on the host.
 Each op allocates its output, as the ops of a step do, and is called as a lowered
 program calls it (an ATen overload); pointwise and reduction operands cycle through
 buffers larger than the caches, as a step's ops read values written long before.
@@ -22,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from autoplan.calibrate.settings import Settings
 from autoplan.calibrate.timing import Clock
 
 __all__ = ["KINDS", "MATMUL_DTYPES", "ComputeSample", "measure_compute"]
 
-KINDS = ("overhead", "matmul", "pointwise", "reduction")
+KINDS = ("overhead", "matmul", "pointwise", "reduction", "attention", "view")
 MATMUL_DTYPES = ("float32", "bfloat16")
 """The dtypes of the device's two peaks (float16 is priced at the bfloat16 peak)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -81,6 +84,24 @@ def measure_compute(
             add("pointwise", f"{name} {numel}", "float32", 0, 12 * numel, _cycling(op, pairs))
         sums = _cycling(lambda a, _b: _aten.sum.default(a), pairs)
         add("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4, sums)
+    x = torch.rand(8, 16, 32, device=device)
+    for label, view in (
+        ("view", lambda: _aten.view.default(x, [128, 32])),
+        ("permute", lambda: _aten.permute.default(x, [1, 0, 2])),
+        ("transpose", lambda: _aten.transpose.int(x, 0, 1)),
+    ):
+        add("view", label, "float32", 0, 0, view)
+    # attention as a training step runs it: causal (as a decoder's), the forward and the
+    # forward with its backward, at the dtype of the device's fast peak
+    dtype = "float32" if device.type == "cpu" else "bfloat16"
+    for shape in settings.attention_shapes():
+        qkv = [torch.rand(shape, device=device, dtype=_DTYPES[dtype]) for _ in range(3)]
+        label = "x".join(map(str, shape))
+        fwd = sdpa_flop_count(shape, shape, shape)
+        nbytes = 4 * qkv[0].numel() * qkv[0].element_size()
+        add("attention", f"sdpa {label}", dtype, fwd, nbytes, _attention(qkv, False))
+        both = fwd + sdpa_backward_flop_count(shape, shape, shape, shape)
+        add("attention", f"sdpa+bwd {label}", dtype, both, 2 * nbytes, _attention(qkv, True))
     for dtype in MATMUL_DTYPES:
         for _, (m, k, n), _ in settings.matmul_shapes():
             a = torch.rand(m, k, device=device).to(_DTYPES[dtype])
@@ -89,6 +110,20 @@ def measure_compute(
             add("matmul", f"mm {m}x{k}x{n}", dtype, 2 * m * k * n, nbytes, lambda a=a, b=b: a @ b)
     times = clock.settle()
     return [ComputeSample(*q, t) for q, t in zip(queued, times, strict=True)]
+
+
+def _attention(qkv: list[torch.Tensor], backward: bool) -> Callable[[], None]:
+    """Causal SDPA on ``qkv``, with its backward when ``backward``."""
+    q, k, v = (t.detach().requires_grad_(backward) for t in qkv)
+    grad = torch.ones_like(q)
+
+    def run() -> None:
+        with torch.set_grad_enabled(backward):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if backward:
+                torch.autograd.grad(out, (q, k, v), grad)
+
+    return run
 
 
 def _cold_pairs(pool: torch.Tensor, numel: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

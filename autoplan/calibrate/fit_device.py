@@ -1,4 +1,5 @@
-"""Fitting the device: per-op overhead, memory bandwidth and the two matmul peaks.
+"""Fitting the device: per-op overhead, memory bandwidth, the two matmul peaks, the
+attention kernels' share of the peak and a view's dispatch.
 
 Stage: fitting, after :mod:`autoplan.calibrate.compute`.
 Input: :class:`~autoplan.calibrate.compute.ComputeSample` s, the device's name and memory.
@@ -9,7 +10,10 @@ model's roofline with that device on the samples.
 Why in this order: each figure is read where it dominates. The overhead is the median
 time of a tiny op; the bandwidth is the median of ``bytes / (t - overhead)`` over the
 pointwise ops that take at least 4x the overhead (bound by their bytes); a dtype's peak is
-the median of ``FLOPs / (t - overhead)`` over the large matmuls. Medians, not least
+the median of ``FLOPs / (t - overhead)`` over the large matmuls; the attention
+efficiency the median of ``FLOPs / (t - overhead)`` over the attention samples, as a share
+of their dtype's peak; a view's cost the median time of a view (0 when ``host_views`` is
+false: a GPU's host dispatches ahead of the device). Medians, not least
 squares: a few descheduled samples on a shared machine move a least-squares fit far, and
 a median not at all. The errors then hold the roofline of
 :mod:`autoplan.cost.compute` against every op measured, small matmuls and reductions
@@ -34,19 +38,30 @@ _PEAK_FIELDS = {"float32": "peak_fp32_tflops", "bfloat16": "peak_bf16_tflops"}
 _ERROR_KINDS = {"float32": "matmul_fp32", "bfloat16": "matmul_bf16"}
 
 
-def roofline_us(device: Device, flops: float, nbytes: float, low_precision: bool) -> float:
+def roofline_us(
+    device: Device, flops: float, nbytes: float, low_precision: bool, *, attention: bool = False
+) -> float:
     """The compute model's time of an op (:class:`autoplan.cost.compute.ComputeModel`):
-    ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) + overhead``."""
+    ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) + overhead``, an attention
+    kernel's peak times ``attention_efficiency``."""
     peak = device.peak_bf16_tflops if low_precision else device.peak_fp32_tflops
+    if attention:
+        peak *= device.attention_efficiency
     t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
     t_mem = nbytes / (device.hbm_gbps * 1e3 * device.memory_efficiency)  # GB/s = 1e3 B/us
     return max(t_flops, t_mem) + device.op_overhead_us
 
 
 def fit_device(
-    samples: Sequence[ComputeSample], *, name: str, memory_gib: float, large_flops: float
+    samples: Sequence[ComputeSample],
+    *,
+    name: str,
+    memory_gib: float,
+    large_flops: float,
+    host_views: bool = True,
 ) -> tuple[Device, dict[str, FitError]]:
-    """The device the samples show; a matmul of at least ``large_flops`` FLOPs is large."""
+    """The device the samples show; a matmul of at least ``large_flops`` FLOPs is large.
+    Attention and view samples are optional (without them: efficiency 1, views free)."""
     of = {k: [s for s in samples if s.kind == k] for k in ("overhead", "pointwise", "reduction")}
     for kind, mine in of.items():
         if not mine:
@@ -73,8 +88,19 @@ def fit_device(
         if not rates:
             raise PlanError(f"No large {dtype} matmul was measured; the {field} fit needs one.")
         peaks[field] = round_sig(statistics.median(rates) / 1e6)  # FLOP/us -> TFLOP/s
+    attention = [s for s in samples if s.kind == "attention" and s.time_us > overhead]
+    efficiency = 1.0
+    if attention:
+        rates = [
+            s.flops / (s.time_us - overhead) / (peaks[_PEAK_FIELDS[s.dtype]] * 1e6)
+            for s in attention
+        ]
+        efficiency = round_sig(statistics.median(rates))
+    views = [s.time_us for s in samples if s.kind == "view"]
     device = Device(
         name=name,
+        attention_efficiency=efficiency,
+        view_overhead_us=round_sig(statistics.median(views)) if views and host_views else 0.0,
         hbm_gbps=round_sig(statistics.median(bandwidths) / 1e3),  # B/us -> GB/s
         memory_gib=round_sig(memory_gib),
         flops_efficiency=1.0,
@@ -89,9 +115,18 @@ def fit_device(
         errors[kind] = _errors(
             device, [s for s in samples if s.kind == "matmul" and s.dtype == dtype]
         )
+    if attention:
+        errors["attention"] = _errors(device, attention, attention=True)
+    if views and host_views:
+        errors["view"] = relative_errors([device.view_overhead_us] * len(views), views)
     return device, errors
 
 
-def _errors(device: Device, samples: Sequence[ComputeSample]) -> FitError:
-    predicted = [roofline_us(device, s.flops, s.nbytes, s.dtype != "float32") for s in samples]
+def _errors(
+    device: Device, samples: Sequence[ComputeSample], *, attention: bool = False
+) -> FitError:
+    predicted = [
+        roofline_us(device, s.flops, s.nbytes, s.dtype != "float32", attention=attention)
+        for s in samples
+    ]
     return relative_errors(predicted, [s.time_us for s in samples])

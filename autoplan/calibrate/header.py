@@ -63,8 +63,9 @@ def header_lines(
         "model: a collective takes latency_us + step_us x (ranks - 1) + bytes x busfactor / "
         "busbw_gbps (nccl-tests' bytes and bus factor), per link class (intra: one node, "
         "inter: several) and op, plus collectives.sync_us (the wait for the last rank to "
-        "arrive from compute); an op takes max(FLOPs / peak, bytes / hbm_gbps) + "
-        "op_overhead_us",
+        "arrive from compute); an op takes (max(FLOPs / peak, bytes / hbm_gbps) + "
+        "op_overhead_us) x (1 + collectives.skew, the ranks' drift per us of compute), "
+        "attention at attention_efficiency x peak, a view view_overhead_us",
         f"fit errors, relative, median / worst: {fitted}",
         _link_line(fitted_ops),
         f"not measured, kept from the h100 preset: {', '.join(unmeasured)}",

@@ -19,6 +19,8 @@ _DEVICE_FIGURES = {
     "reduction": "hbm_gbps {d.hbm_gbps:g}",
     "matmul_fp32": "peak_fp32_tflops {d.peak_fp32_tflops:g}",
     "matmul_bf16": "peak_bf16_tflops {d.peak_bf16_tflops:g}",
+    "attention": "attention_efficiency {d.attention_efficiency:g}",
+    "view": "view_overhead_us {d.view_overhead_us:g}",
 }
 
 
@@ -51,11 +53,13 @@ def format_calibration(result: Calibrated) -> str:
         for row in rows
     ]
     lines.insert(1, "-" * len(lines[0]))
-    if result.sync is not None:
-        s = result.sync
+    fits = topo.collectives
+    if result.sync and fits is not None:
+        waits = ", ".join(f"{s.penalty_us:.0f}" for s in result.sync)
         lines.append(
-            f"sync_us {s.penalty_us:.0f} on {s.group}: a collective after {s.burst_us:.0f} us of "
-            f"compute took {s.both_us - s.burst_us:.0f} us, {s.collective_us:.0f} us alone"
+            f"sync_us {fits.sync_us:.0f}, skew {fits.skew:.3g}: the wait of a collective after "
+            f"compute ({waits} us after {', '.join(f'{s.burst_us:.0f}' for s in result.sync)} "
+            "us of it, on each group)"
         )
     d = topo.device
     lines.append(f"device: {d.name}, memory_gib {d.memory_gib:g}")

@@ -32,7 +32,7 @@ from autoplan.calibrate.fit_links import FitError, fit_collectives
 from autoplan.calibrate.groups import mesh_groups
 from autoplan.calibrate.header import header_lines
 from autoplan.calibrate.settings import Settings
-from autoplan.calibrate.sync import SyncSample, measure_sync
+from autoplan.calibrate.sync import SyncSample, fit_sync, measure_sync
 from autoplan.calibrate.timing import Clock
 from autoplan.calibrate.write import check_out, write_topology
 from autoplan.core.errors import PlanError
@@ -52,8 +52,8 @@ class Calibrated:
     errors: dict[str, FitError]
     collectives: list[CollectiveSample]
     compute: list[ComputeSample]
-    sync: SyncSample | None
-    """The arrival wait measured on the whole mesh (None: a job of one rank)."""
+    sync: list[SyncSample]
+    """The arrival waits measured on each group (none: a job of one rank)."""
     header: list[str]
     """The topology file's comment lines."""
 
@@ -112,18 +112,18 @@ def measure(
         links = measure_collectives(groups, settings, clock, progress)
         if progress is not None:
             progress("sync")
-        # the whole mesh's group: the ranks a step's slowest arrival is among
-        sync = measure_sync(max(groups, key=lambda g: g.ranks), settings, clock) if groups else None
+        sync = measure_sync(groups, settings, clock)
     compute = measure_compute(settings, clock, progress)
     if progress is not None:
         progress("fit")
     fits, errors = fit_collectives(links)
-    if sync is not None and (fits.intra or fits.inter):
-        fits = replace(fits, sync_us=sync.penalty_us)
+    if sync and (fits.intra or fits.inter):
+        sync_us, skew = fit_sync(sync)
+        fits = replace(fits, sync_us=sync_us, skew=skew)
     large = min(2 * m * k * n for _, (m, k, n), big in settings.matmul_shapes() if big)
     measured_device, device_errors = fit_device(
         compute, name=_device_name(device, per_node), memory_gib=_memory_gib(device, per_node),
-        large_flops=large,
+        large_flops=large, host_views=device.type == "cpu",
     )  # fmt: skip
     errors |= device_errors
     when = clock.max_over_ranks([datetime.datetime.now(datetime.UTC).timestamp()])[0]

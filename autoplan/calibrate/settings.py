@@ -57,7 +57,8 @@ class Settings:
     sync_burst_calls: int = 2
     """The compute before a collective when its arrival wait is measured
     (:mod:`.sync`): this many square matmuls of ``matmul_n``, about a millisecond, the
-    compute between two collectives of a tensor-parallel step."""
+    compute between two collectives of a tensor-parallel step, and then 4 and 16 times
+    as many (the wait grows with the compute since the ranks last met)."""
     sync_repeats: int = 25
 
     def __post_init__(self) -> None:
@@ -135,6 +136,16 @@ class Settings:
             ("wgrad", (n, 8 * n, n), True),
         ]
 
+    def attention_shapes(self) -> list[tuple[int, int, int, int]]:
+        """(batch, heads, sequence, head dim) of the attention samples: a short sequence
+        of narrow heads, and ``matmul_n`` tokens of 64- and 128-wide heads."""
+        n = self.matmul_n
+        return [(2, 8, n // 2, 32), (2, 8, n, 64), (2, 8, n, 128)]
+
+    def sync_bursts(self) -> list[int]:
+        """The matmul calls before each measured collective: ``sync_burst_calls`` x 1, 4, 16."""
+        return [self.sync_burst_calls * 4**k for k in range(3)]
+
     def describe(self) -> str:
         """One line for a topology file's header."""
         sizes = self.comm_sizes()
@@ -143,9 +154,11 @@ class Settings:
             f"(x{self.comm_factor}), {self.min_repeats}-{self.max_repeats} repeats; "
             f"float32 and bfloat16 matmuls at {len(self.matmul_shapes())} shapes "
             f"(n = {self.matmul_n}); add, mul, sum at {len(self.pointwise_numels)} "
-            f"sizes on operands cycling through {human_bytes(self.cold_bytes)}; "
-            f"{self.compute_repeats} repeats each; a collective's arrival wait after "
-            f"{self.sync_burst_calls} matmuls, {self.sync_repeats} repeats"
+            f"sizes on operands cycling through {human_bytes(self.cold_bytes)}; causal "
+            f"attention at {len(self.attention_shapes())} shapes; 3 views; "
+            f"{self.compute_repeats} repeats each; a collective's arrival wait on every "
+            f"group after {', '.join(map(str, self.sync_bursts()))} matmuls, "
+            f"{self.sync_repeats} repeats"
         )
 
 

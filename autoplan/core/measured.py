@@ -115,11 +115,19 @@ class CollectiveFits:
     NCCL-style model of :mod:`autoplan.cost.collectives` (a one-node calibration says
     nothing about the network). ``sync_us`` is what a collective waited for right after
     compute adds to its fit: the ranks reach it at different moments (on ranks sharing
-    cores, by a scheduler's time slices), and the first to arrive waits for the last."""
+    cores, by a scheduler's time slices), and the first to arrive waits for the last.
+    ``skew`` is how much that wait grows per microsecond of compute since the ranks last
+    met: they drift apart as they compute, so a step's compute is priced ``1 + skew``
+    times its ops' sum (:mod:`autoplan.cost.compute`)."""
 
     intra: tuple[tuple[str, LinkFit], ...] = ()
     inter: tuple[tuple[str, LinkFit], ...] = ()
     sync_us: float = 0.0
+    skew: float = 0.0
+
+    def __post_init__(self) -> None:
+        _number("CollectiveFits.sync_us", self.sync_us)
+        _number("CollectiveFits.skew", self.skew)
 
     def fit(self, op: str, nodes: int) -> LinkFit | None:
         """The fit for ``op`` on a group spanning ``nodes`` nodes, if measured."""
@@ -133,14 +141,16 @@ class CollectiveFits:
                 out[link] = {op: f.to_dict() for op, f in ops}
         if self.sync_us:
             out["sync_us"] = round(self.sync_us, 1)
+        if self.skew:
+            out["skew"] = round(self.skew, 4)
         return out
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "collectives") -> CollectiveFits:
-        d = _mapping(where, d, (*LINKS, "sync_us"))
+        d = _mapping(where, d, (*LINKS, "sync_us", "skew"))
         links: dict[str, Any] = {}
         for link, ops in d.items():
-            if link == "sync_us":
+            if link in ("sync_us", "skew"):
                 continue
             ops = _mapping(f"{where}.{link}", ops, OPS)
             links[link] = tuple(
@@ -149,7 +159,8 @@ class CollectiveFits:
         if not links:
             raise PlanError(f"{where} is empty; give at least one link class ({', '.join(LINKS)}).")
         sync = _number(f"{where}.sync_us", d["sync_us"]) if "sync_us" in d else 0.0
-        return cls(**links, sync_us=sync)
+        skew = _number(f"{where}.skew", d["skew"]) if "skew" in d else 0.0
+        return cls(**links, sync_us=sync, skew=skew)
 
 
 def measured_time_us(

@@ -57,6 +57,12 @@ class Device:
     op_overhead_us: float = 2.0
     """Fixed cost of every kernel: a launch and the tail a tiny kernel cannot hide on a GPU,
     the dispatch of an eager op on a CPU."""
+    attention_efficiency: float = 1.0
+    """Share of the matmul peak a fused attention kernel (SDPA's) reaches, beside
+    ``flops_efficiency``. The presets keep 1; a calibrated device measures it."""
+    view_overhead_us: float = 0.0
+    """Host time of a view op, which runs no kernel: 0 where the host dispatches ahead of
+    the device (a GPU); on a CPU the host is the device and every view is a dispatcher call."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -68,6 +74,8 @@ class Device:
             if getattr(self, field) > 1:
                 raise PlanError(f"Device.{field} ({getattr(self, field)}) must be at most 1.")
         _check_number("Device.op_overhead_us", self.op_overhead_us)
+        _check_number("Device.attention_efficiency", self.attention_efficiency, positive=True)
+        _check_number("Device.view_overhead_us", self.view_overhead_us)
 
     @staticmethod
     def preset(name: str) -> Device:

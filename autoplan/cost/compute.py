@@ -3,13 +3,16 @@
 Input: a node's op, its argument structure and a strategy's placements.
 Output: estimated kernel time in microseconds on the topology's device.
 
-    t = max(FLOPs / (peak · eff_flops), bytes / (HBM · eff_mem)) + overhead
+    t = (max(FLOPs / (peak · eff_flops), bytes / (HBM · eff_mem)) + overhead) · (1 + skew)
 
 FLOPs come from ``torch.utils.flop_counter``'s registry (einsum's formula added by
 :func:`autoplan.cost.flops.op_flops`), evaluated on meta tensors of the *local* shapes,
 so a strategy that shards a contracted dim pays for its share only. Bytes are
-the local inputs read plus local outputs written. View and alias ops cost
-nothing (no kernel runs).
+the local inputs read plus local outputs written. A fused attention kernel reaches its
+own share of the peak (``attention_efficiency``). View and alias ops run no kernel:
+they cost the host's dispatch, ``view_overhead_us`` (0 on a GPU, whose host runs ahead).
+``skew`` is the ranks' drift per unit of compute (``collectives.skew``, 0 on one rank):
+the step waits at its collectives for the slowest rank.
 
 The efficiencies and the per-op overhead are the device's
 (:class:`autoplan.core.topology.Device`): datasheet shares for the presets, measured
@@ -40,20 +43,37 @@ _FLOP_ALIASES = {
 
 _LOW_PRECISION = {"torch.bfloat16", "torch.float16"}
 
+# The fused attention kernels, forward and backward: priced at attention_efficiency.
+ATTENTION_OPS = frozenset(
+    {
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_backward.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_efficient_attention_backward.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_cudnn_attention_backward.default,
+        *_FLOP_ALIASES,
+    }
+)
+
 
 class ComputeModel:
     """Prices node strategies on one device; owns a cache keyed by local shapes."""
 
-    def __init__(self, device: Device, mesh_shape: Sequence[int]) -> None:
+    def __init__(self, device: Device, mesh_shape: Sequence[int], skew: float = 0.0) -> None:
         self.device = device
         self.mesh_shape = tuple(mesh_shape)
+        self.scale = 1.0 + skew
         self._flops: dict[tuple[Any, ...], int] = {}
         self._static: dict[fx.Node, Any] = {}  # static_args per node, read once
 
     def time_us(self, ns: NodeStrategies, node: fx.Node, strategy: Strategy) -> float:
-        """Kernel time of ``node`` run per ``strategy`` (0 for views and placeholders)."""
-        if ns.kind != "op" or ns.free:
+        """Kernel time of ``node`` run per ``strategy`` (a view's dispatch, 0 for
+        placeholders)."""
+        if ns.kind != "op":
             return 0.0
+        if ns.free:
+            return self.device.view_overhead_us * self.scale
         in_shapes = [
             local_shape(t.shape, p, self.mesh_shape)
             for t, p in zip(ns.in_tensors, strategy.ins, strict=True)
@@ -74,9 +94,11 @@ class ComputeModel:
         low = any(t is not None and t.dtype in _LOW_PRECISION for t in ns.out_tensors)
         peak = self.device.peak_bf16_tflops if low else self.device.peak_fp32_tflops
         d = self.device
+        if node.target in ATTENTION_OPS:
+            peak *= d.attention_efficiency
         t_flops = flops / (peak * 1e6 * d.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
         t_mem = nbytes / (d.hbm_gbps * 1e3 * d.memory_efficiency)  # GB/s = 1e3 B/us
-        return max(t_flops, t_mem) + d.op_overhead_us
+        return (max(t_flops, t_mem) + d.op_overhead_us) * self.scale
 
     def _node_flops(
         self,

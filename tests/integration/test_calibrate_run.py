@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from autoplan.calibrate.fit_device import roofline_us
 from autoplan.calibrate.run import measure
 from autoplan.calibrate.settings import Settings
+from autoplan.calibrate.sync import SyncSample, fit_sync
 from autoplan.core.topology import Topology
 from autoplan.tools.runfile import load_topology
 from tests.helpers.gloo import run_workers
@@ -39,7 +40,16 @@ def _calibrate(rank: int, out: str, shape: list[int], names: list[str]) -> dict:
         links.setdefault(s.op, []).append(fit.time_us(s.op, s.nbytes, s.ranks) / s.time_us)
     compute: dict[str, list[float]] = {}
     for s in result.compute:
-        predicted = roofline_us(topo.device, s.flops, s.nbytes, s.dtype != "float32")
+        if s.kind == "view":
+            predicted = topo.device.view_overhead_us
+        else:
+            predicted = roofline_us(
+                topo.device,
+                s.flops,
+                s.nbytes,
+                s.dtype != "float32",
+                attention=s.kind == "attention",
+            )
         compute.setdefault(s.kind, []).append(predicted / s.time_us)
     return {
         "topology": topo.to_dict(),
@@ -47,7 +57,7 @@ def _calibrate(rank: int, out: str, shape: list[int], names: list[str]) -> dict:
         "compute": compute,
         "groups": sorted({(s.group, s.ranks, s.link) for s in result.collectives}),
         "errors": {k: [e.median, e.worst] for k, e in result.errors.items()},
-        "sync": [result.sync.burst_us, result.sync.collective_us, result.sync.both_us],
+        "sync": [[x.burst_us, x.collective_us, x.both_us] for x in result.sync],
     }
 
 
@@ -95,7 +105,15 @@ def test_calibrate_on_gloo_ranks(tmp_path, shape, names, groups):
         "gloo", shape, names, str(torch.__version__),
     )  # fmt: skip
     assert dict(cal.errors).keys() == results[0]["errors"].keys()
-    # the arrival wait: measured on the whole mesh, what the collective adds after compute
-    burst, alone, both = results[0]["sync"]
-    assert burst > 0 and alone > 0
-    assert topo.collectives.sync_us == pytest.approx(max(0.0, both - burst - alone), abs=0.1)
+    # the arrival wait: on every group, after 3 lengths of compute, fitted as written
+    samples = [SyncSample("g", *x) for x in results[0]["sync"]]
+    assert len(samples) == 3 * len(groups)
+    assert all(x.burst_us > 0 and x.collective_us > 0 for x in samples)
+    sync_us, skew = fit_sync(samples)
+    fits = topo.collectives
+    assert (fits.sync_us, fits.skew) == (
+        pytest.approx(sync_us, abs=0.1),
+        pytest.approx(skew, abs=1e-4),
+    )
+    for kind in ("attention", "view"):
+        assert 0.2 < statistics.median(results[0]["compute"][kind]) < 5.0, kind

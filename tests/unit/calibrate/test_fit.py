@@ -102,6 +102,8 @@ DEVICE = Device(
     flops_efficiency=1.0,
     memory_efficiency=1.0,
     op_overhead_us=2.5,
+    attention_efficiency=0.6,
+    view_overhead_us=3.0,
 )
 
 
@@ -123,10 +125,26 @@ def _compute_samples(device: Device, noise: float, seed: int = 0) -> list[Comput
         for _, (m, k, n), _ in settings.matmul_shapes():
             nbytes = (m * k + k * n + m * n) * size
             shapes.append(("matmul", f"mm {m}x{k}x{n}", dtype, 2 * m * k * n, nbytes))
-    return [
-        ComputeSample(*s, roofline_us(device, s[3], s[4], s[2] != "float32") * noisy)
+    for b, h, s, d in settings.attention_shapes():
+        flops = 4 * b * h * s * s * d
+        shapes.append(("attention", f"sdpa {s}x{d}", "float32", flops, 16 * b * h * s * d))
+        shapes.append(
+            ("attention", f"sdpa+bwd {s}x{d}", "float32", 3.5 * flops, 32 * b * h * s * d)
+        )
+    out = [
+        ComputeSample(
+            *s,
+            roofline_us(device, s[3], s[4], s[2] != "float32", attention=s[0] == "attention")
+            * noisy,
+        )
         for s in shapes
         for noisy in [rng.lognormvariate(0.0, noise)]
+    ]
+    return out + [
+        ComputeSample(
+            "view", v, "float32", 0, 0, device.view_overhead_us * rng.lognormvariate(0.0, noise)
+        )
+        for v in ("view", "permute", "transpose")
     ]
 
 
@@ -136,14 +154,28 @@ def _large_flops() -> float:
 
 def test_the_device_fit_recovers_exact_timings():
     """Noiseless roofline timings of a known device give it back: overhead, bandwidth,
-    both peaks; the efficiencies are 1 (the peaks are the measured ones)."""
+    both peaks, the attention kernels' share of the peak and a view's cost; the
+    efficiencies are 1 (the peaks are the measured ones)."""
     device, errors = fit_device(
         _compute_samples(DEVICE, 0.0), name="synthetic", memory_gib=4.0,
         large_flops=_large_flops(),
     )  # fmt: skip
     assert device == DEVICE
-    assert set(errors) == {"overhead", "pointwise", "reduction", "matmul_fp32", "matmul_bf16"}
+    assert set(errors) == {
+        "overhead", "pointwise", "reduction", "matmul_fp32", "matmul_bf16", "attention", "view",
+    }  # fmt: skip
     assert max(e.worst for e in errors.values()) < 1e-3
+
+
+def test_a_device_whose_host_runs_ahead_prices_views_at_zero():
+    """host_views=False (a GPU's calibration): the views measured on the host are not a
+    cost of the device's step; without attention samples the efficiency stays 1."""
+    samples = [s for s in _compute_samples(DEVICE, 0.0) if s.kind != "attention"]
+    device, errors = fit_device(
+        samples, name="synthetic", memory_gib=4.0, large_flops=_large_flops(), host_views=False
+    )
+    assert (device.view_overhead_us, device.attention_efficiency) == (0.0, 1.0)
+    assert "view" not in errors and "attention" not in errors
 
 
 def test_the_device_fit_recovers_noisy_timings():
@@ -152,7 +184,10 @@ def test_the_device_fit_recovers_noisy_timings():
         _compute_samples(DEVICE, 0.05, seed=3), name="synthetic", memory_gib=4.0,
         large_flops=_large_flops(),
     )  # fmt: skip
-    for field in ("op_overhead_us", "hbm_gbps", "peak_fp32_tflops", "peak_bf16_tflops"):
+    for field in (
+        "op_overhead_us", "hbm_gbps", "peak_fp32_tflops", "peak_bf16_tflops",
+        "attention_efficiency", "view_overhead_us",
+    ):  # fmt: skip
         assert getattr(device, field) == pytest.approx(getattr(DEVICE, field), rel=0.1), field
     assert all(e.median < 0.1 for e in errors.values()), errors
 

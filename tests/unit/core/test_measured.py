@@ -19,7 +19,9 @@ def _calibrated() -> Topology:
     return Topology(
         device=Device("cpu-4x", 0.05, 0.1, 8.0, 16.0, 1.0, 1.0, 40.0),
         gpus_per_node=4,
-        collectives=CollectiveFits(intra=(("all_reduce", FIT), ("all_gather", FIT)), sync_us=250.0),
+        collectives=CollectiveFits(
+            intra=(("all_reduce", FIT), ("all_gather", FIT)), sync_us=250.0, skew=0.05
+        ),
         calibration=Calibration(
             date="2026-11-27T16:00:00+00:00",
             torch="2.13.0",
@@ -113,6 +115,9 @@ def test_a_calibrated_file_round_trips_through_a_run_file(tmp_path):
         (lambda d: d["calibration"].update(mesh="2x2"), r"calibration.mesh \('2x2'\) must be a list"),
         (lambda d: d.update(collectives=[1]), r"collectives must be a mapping"),
         (lambda d: d["collectives"].update(sync_us=-1), r"collectives.sync_us \(-1\) must be >= 0"),
+        (lambda d: d["collectives"].update(skew="high"), r"collectives.skew \('high'\) must be a finite number"),
+        (lambda d: d["device"].update(attention_efficiency=0.0), r"attention_efficiency \(0.0\) must be > 0"),
+        (lambda d: d["device"].update(view_overhead_us=-2.0), r"view_overhead_us \(-2.0\) must be >= 0"),
     ],
 )  # fmt: skip
 def test_a_corrupt_or_foreign_calibration_is_refused_by_name(tmp_path, edit, message):
