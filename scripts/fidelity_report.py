@@ -1,0 +1,116 @@
+"""The fidelity harness's report: per model, each plan's error, Spearman's rank
+correlation and where the planner's pick lands; the markdown section and the scatter plot.
+
+Input: the plans (their estimates) and the measured median steps of
+``scripts/fidelity.py``. Output: the text of its RESULTS section, and a PNG.
+Why apart: measuring and reporting are two concerns; the report reads only numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from results_md import ROOT  # scripts/results_md.py
+from scipy.stats import spearmanr
+
+from autoplan.calibrate.run import cpu_model
+
+
+def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
+    """Per model: each plan's relative error, Spearman's rho, and the pick's rank."""
+    names = list(estimated)
+    errors = {n: estimated[n] / measured[n] - 1.0 for n in names}
+    rho = float(spearmanr([estimated[n] for n in names], [measured[n] for n in names])[0])
+    order = sorted(names, key=measured.__getitem__)
+    free = [n for n in ("free-4", "free") if n in names] or names
+    pick = min(free, key=estimated.__getitem__)
+    return {
+        "errors": errors,
+        "spearman": rho,
+        "pick": pick,
+        "pick_rank": order.index(pick) + 1,
+        "pick_over_fastest": measured[pick] / measured[order[0]],
+        "fastest": order[0],
+    }
+
+
+def plot(points: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 0.0
+    for model, pts in points.items():
+        xs, ys = zip(*pts, strict=True)
+        ax.scatter(xs, ys, label=model)
+        top = max(top, *xs, *ys)
+    ax.plot(
+        [0, top * 1.05], [0, top * 1.05], color="grey", linewidth=1, label="estimate = measured"
+    )
+    ax.set_xlabel("measured step, ms")
+    ax.set_ylabel("estimated step, ms")
+    ax.set_xlim(0, top * 1.05)
+    ax.set_ylim(0, top * 1.05)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _shown(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str, world: int) -> str:
+    cmd = " ".join(["python scripts/fidelity.py", *sys.argv[1:]])
+    lines = [
+        "# Estimated against measured steps",
+        "",
+        f"Command: `{cmd}`  ",
+        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}; {world} processes "
+        f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
+        f"inside the model; the median over {args.steps} steps, the slowest rank, in "
+        f"{args.rounds} rounds in which the candidates take turns, each built, warmed up for "
+        f"{args.warmup} steps, timed and freed"
+        + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
+        + ". Error: estimated / measured - 1.",
+        "",
+        "| model | plan | mesh | estimated ms | measured ms | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    summary_lines = []
+    all_errors = []
+    for model, ms in medians.items():
+        est = {n: plans[model][n].estimated_step_us / 1e3 for n in ms}
+        s = summarize(est, ms)
+        all_errors += [abs(e) for e in s["errors"].values()]
+        for n in ms:
+            mesh = "x".join(map(str, plans[model][n].mesh_shape))
+            lines.append(
+                f"| {model} | {n} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} |"
+            )
+        errs = sorted(abs(e) for e in s["errors"].values())
+        summary_lines.append(
+            f"| {model} | {statistics.median(errs):.0%} | {errs[-1]:.0%} | {s['spearman']:.2f} "
+            f"| {s['pick_rank']} of {len(ms)} | {s['pick_over_fastest']:.2f} ({s['fastest']}) |"
+        )
+    lines += [
+        "",
+        "| model | median error | worst error | Spearman | the pick's rank | pick / fastest |",
+        "|---|---|---|---|---|---|",
+        *summary_lines,
+        "",
+        f"All plans: median error {statistics.median(all_errors):.0%}, worst "
+        f"{max(all_errors):.0%}. Plot: `{_shown(args.plot)}`.",
+    ]
+    return "\n".join(lines)
