@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel, Step
 from autoplan.trace.capture import TracedGraph
@@ -33,6 +34,8 @@ __all__ = [
     "Step",
     "TailBucket",
     "bucket_groups",
+    "copies_us",
+    "member_copies_us",
     "grad_tail",
     "merged_moves",
     "op_name",
@@ -128,21 +131,28 @@ def merged_moves(
 ) -> Merged:
     """The buckets of two or more moves the chosen plan's head and tail moves run in.
     ``charged`` gives a move's steps as the objective priced them (default: each alone,
-    :meth:`~autoplan.cost.price.EdgeCost.route_steps`); a move it charged below its price
+    :meth:`~autoplan.cost.price.EdgeCost.route_steps`); a move it charged other than its price
     alone that runs alone is listed too, as a bucket of one, so that the plan's estimate
     pays its whole launch."""
     found = _merged(traced, costs, redist, choice, cap_bytes, charged)
     return Merged(tuple((w, tuple(ms)) for w, ms in found))
 
 
-def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, Any]]:
+def plan_buckets(
+    merged: Merged, redist: RedistributeModel, compute: ComputeModel
+) -> list[dict[str, Any]]:
     """The buckets as the plan records them, each with its member count, bytes, merged
-    price (``us``) and the members' summed price (``us_alone``)."""
+    price (``us``: its collective and its copies, :func:`copies_us`) and the members'
+    summed price (``us_alone``)."""
     out: list[dict[str, Any]] = []
     for where, members in merged.buckets:
         first = members[0]
         nbytes = sum(m.nbytes for m in members)
         p, m = redist.span(first.axes)
+        us = redist.collectives.time_us(first.kind, nbytes, p, m)
+        if len(members) > 1:
+            inputs, outputs = _member_bytes(members, redist.mesh_shape)
+            us += copies_us(where, first.kind, inputs, outputs, compute)
         out.append(
             {
                 "kind": first.kind,
@@ -150,11 +160,55 @@ def plan_buckets(merged: Merged, redist: RedistributeModel) -> list[dict[str, An
                 "axes": tuple(first.axes),
                 "members": len(members),
                 "bytes": nbytes,
-                "us": redist.collectives.time_us(first.kind, nbytes, p, m),
+                "us": us,
                 "us_alone": sum(x.us for x in members),
             }
         )
     return out
+
+
+def copies_us(
+    where: str, kind: str, inputs: Sequence[float], outputs: Sequence[float], compute: ComputeModel
+) -> float:
+    """What a bucket of two or more members runs besides its collective: the sum of its
+    members' :func:`member_copies_us`."""
+    total = sum(inputs)
+    return sum(
+        member_copies_us(where, kind, i, o, compute, i / total if total else 0.0)
+        for i, o in zip(inputs, outputs, strict=True)
+    )
+
+
+def member_copies_us(
+    where: str, kind: str, in_bytes: float, out_bytes: float, compute: ComputeModel, share: float
+) -> float:
+    """A member's part of the copies and views its bucket runs, as
+    :mod:`autoplan.runtime.bucket_program` lowers it. A tail bucket allocates its flat
+    buffer and copies each member's input into it (a reshape, a view, a slice and the
+    copy); a head bucket concatenates the inputs (a reshape each, one concatenation and a
+    view). A member pays ``share`` of the one-off ops. Each member's result is a slice
+    and a view of the flat result; an all_gather's also a copy (a column block of every
+    rank's row), after a view of the whole."""
+    view = compute.view_us
+    if where == "tail":
+        us = compute.copy_us(in_bytes) + 3 * view + compute.copy_us(0.0, launches=share)
+    else:
+        us = compute.copy_us(in_bytes, launches=share) + (1 + share) * view
+    us += 2 * view
+    if kind == "all_gather":
+        us += compute.copy_us(out_bytes) + share * view
+    return us
+
+
+def _member_bytes(
+    members: Sequence[_Move], mesh_shape: Sequence[int]
+) -> tuple[list[float], list[float]]:
+    """Each member's input and result bytes on one rank (a move's ``nbytes`` is its
+    collective's size: an all_gather's result, a reduce_scatter's input)."""
+    size = math.prod(mesh_shape[a] for a in members[0].axes)
+    inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
+    outputs = [m.nbytes / size if m.kind == "reduce_scatter" else m.nbytes for m in members]
+    return inputs, outputs
 
 
 def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) -> list[TailBucket]:
@@ -164,9 +218,7 @@ def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) 
     for where, members in merged.buckets:
         if where != "tail" or len(members) < 2:
             continue
-        size = math.prod(mesh_shape[a] for a in members[0].axes)
-        inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
-        outputs = [m.nbytes / size if m.kind == "reduce_scatter" else m.nbytes for m in members]
+        inputs, outputs = _member_bytes(members, mesh_shape)
         edges = tuple(
             (costs.edges[m.edge].src, costs.edges[m.edge].dst, costs.edges[m.edge].slot)
             for m in members
@@ -183,7 +235,7 @@ def _merged(
     cap_bytes: float,
     charged: Charged | None,
 ) -> list[tuple[str, list[_Move]]]:
-    """Each bucket of two or more moves (or of one charged below its price alone):
+    """Each bucket of two or more moves (or of one charged other than its price alone):
     ``"head"`` or ``"tail"``, and its members."""
     if cap_bytes <= 0:
         return []
@@ -231,15 +283,17 @@ def _merged(
         upstream = _upstream(traced, costs, items) if where == "tail" else [0] * len(items)
         keys = [(m.kind, m.axes, m.dtype_bytes) for m in items]
         for group in bucket_groups(keys, [m.nbytes for m in items], upstream, cap_bytes):
-            if len(group) > 1 or (charged and _below_alone(items[group[0]], redist)):
+            if len(group) > 1 or (charged and _charged_otherwise(items[group[0]], redist)):
                 out.append((where, [items[i] for i in group]))
     return out
 
 
-def _below_alone(move: _Move, redist: RedistributeModel) -> bool:
-    """Whether ``move`` was charged below what it costs run alone."""
+def _charged_otherwise(move: _Move, redist: RedistributeModel) -> bool:
+    """Whether ``move`` was charged other than what it costs run alone (a share of a
+    launch, and of the copies, that it runs without)."""
     p, m = redist.span(move.axes)
-    return move.us < redist.collectives.time_us(move.kind, move.nbytes, p, m)
+    alone = redist.collectives.time_us(move.kind, move.nbytes, p, m)
+    return not math.isclose(move.us, alone, rel_tol=1e-9)
 
 
 def param_derived(traced: TracedGraph, moved: set[tuple[str, str]]) -> set[str]:

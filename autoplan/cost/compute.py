@@ -21,6 +21,7 @@ figures for a calibrated topology (``autoplan calibrate``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch import fx
 
 from autoplan.core.graph import map_args, node_op, static_args
 from autoplan.core.placements import Placements, local_shape, num_elements
-from autoplan.core.topology import Device
+from autoplan.core.topology import Device, Topology
 from autoplan.cost.flops import op_flops
 from autoplan.strategies.table import NodeStrategies, Strategy
 
@@ -67,13 +68,34 @@ class ComputeModel:
         self._flops: dict[tuple[Any, ...], int] = {}
         self._static: dict[fx.Node, Any] = {}  # static_args per node, read once
 
+    @classmethod
+    def of(cls, topology: Topology, mesh_shape: Sequence[int]) -> ComputeModel:
+        """The model of ``topology``'s device on a mesh of ``mesh_shape``, with its drift
+        (``collectives.skew``) on a mesh of more than one rank."""
+        # ranks drift apart as they compute, and every collective waits for the slowest
+        fits = topology.collectives
+        many = math.prod(mesh_shape) > 1
+        return cls(topology.device, mesh_shape, fits.skew if fits is not None and many else 0.0)
+
+    @property
+    def view_us(self) -> float:
+        """A view or alias op: the host's dispatch."""
+        return self.device.view_overhead_us * self.scale
+
+    def copy_us(self, nbytes: float, launches: float = 1.0) -> float:
+        """A copy of ``nbytes`` into another buffer, read and written once, by
+        ``launches`` ops (a share of one, for a part of a larger copy)."""
+        d = self.device
+        move = 2 * nbytes / (d.hbm_gbps * 1e3 * d.memory_efficiency)
+        return (move + launches * d.op_overhead_us) * self.scale
+
     def time_us(self, ns: NodeStrategies, node: fx.Node, strategy: Strategy) -> float:
         """Kernel time of ``node`` run per ``strategy`` (a view's dispatch, 0 for
         placeholders)."""
         if ns.kind != "op":
             return 0.0
         if ns.free:
-            return self.device.view_overhead_us * self.scale
+            return self.view_us
         in_shapes = [
             local_shape(t.shape, p, self.mesh_shape)
             for t, p in zip(ns.in_tensors, strategy.ins, strict=True)

@@ -22,7 +22,6 @@ Input: a :class:`~autoplan.strategies.table.StrategyTable`, the traced graph
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -197,10 +196,7 @@ def price(
     move, the reduction the optimizer step runs.
     """
     mesh_shape = table.mesh_shape
-    # ranks drift apart as they compute, and every collective waits for the slowest
-    fits = topology.collectives
-    skew = fits.skew if fits is not None and math.prod(mesh_shape) > 1 else 0.0
-    compute_model = ComputeModel(topology.device, mesh_shape, skew)
+    compute_model = ComputeModel.of(topology, mesh_shape)
     pricer = EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topology)))
     router = Router(pricer) if routes else None
     fx_nodes: dict[str, fx.Node] = {n.name: n for n in traced.gm.graph.nodes}

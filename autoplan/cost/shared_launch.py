@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.cost.buckets import GRAD_SLOT, Step, grad_tail, param_derived
+from autoplan.cost.buckets import GRAD_SLOT, Step, grad_tail, member_copies_us, param_derived
+from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.trace.capture import TracedGraph
@@ -49,10 +50,15 @@ class SharedLaunch:
     head: frozenset[str]
     tail: frozenset[str]
     fill: dict[str, float]
+    compute: ComputeModel | None = None
 
     @staticmethod
     def of(
-        traced: TracedGraph, costs: CostTable, open_: Iterable[BucketKind], cap_bytes: float
+        traced: TracedGraph,
+        costs: CostTable,
+        open_: Iterable[BucketKind],
+        cap_bytes: float,
+        compute: ComputeModel | None = None,
     ) -> SharedLaunch:
         grads = head = 0.0
         for e in costs.edges:
@@ -70,6 +76,7 @@ class SharedLaunch:
             head=frozenset(param_derived(traced, set())),
             tail=frozenset(grad_tail(traced)),
             fill=fill,
+            compute=compute,
         )
 
     def where(self, e: EdgeCost) -> str:
@@ -95,7 +102,13 @@ class SharedLaunch:
                 launch = min(
                     us, redist.collectives.time_us(kind, e.tensor.dtype_bytes * p * m, p, m)
                 )
-                us -= (1.0 - min(1.0, nbytes / self.fill[where])) * launch
+                share = min(1.0, nbytes / self.fill[where])
+                us -= (1.0 - share) * launch
+                if self.compute is not None:
+                    ranks = p * m
+                    in_bytes = nbytes / ranks if kind == "all_gather" else nbytes
+                    out_bytes = nbytes / ranks if kind == "reduce_scatter" else nbytes
+                    us += member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
             out.append((kind, axes, nbytes, us))
         return out
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.compute import ComputeModel
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import BucketKind, SharedLaunch, open_costs
 from autoplan.planner.problem import PricedProblem, Timer
@@ -86,7 +87,8 @@ def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) ->
     """``problem`` with the moves of ``kinds`` charged a share of their bucket's launch
     (:func:`~autoplan.cost.shared_launch.open_costs`), its solves not yet built."""
     cap = problem.config.bucket_mib * 2**20
-    launch = SharedLaunch.of(problem.traced, problem.costs, kinds, cap)
+    compute = ComputeModel.of(problem.config.topology, problem.table.mesh_shape)
+    launch = SharedLaunch.of(problem.traced, problem.costs, kinds, cap, compute)
     redist = RedistributeModel(problem.table.mesh_shape, CollectiveModel(problem.config.topology))
     return replace(
         problem, costs=open_costs(problem.costs, launch, redist), launch=launch, built={}

@@ -21,6 +21,7 @@ from autoplan.core.config import PlanConfig
 from autoplan.core.placements import Placements
 from autoplan.cost.buckets import merged_moves, plan_buckets, tail_buckets
 from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import CostTable, EdgeCost, state_copies
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import SharedLaunch
@@ -126,7 +127,12 @@ def read_solution(
         "node_placements": node_placements,
         "stats": _stats(table, choice),
         "routes": routes,
-        "buckets": [Bucket(**b) for b in plan_buckets(merged, redist)],
+        "buckets": [
+            Bucket(**b)
+            for b in plan_buckets(
+                merged, redist, ComputeModel.of(config.topology, table.mesh_shape)
+            )
+        ],
     }
     return Plan(
         status=status,

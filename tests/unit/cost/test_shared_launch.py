@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from autoplan.core.torch_adapter import Partial, Replicate
-from autoplan.cost.buckets import GRAD_SLOT
+from autoplan.cost.buckets import GRAD_SLOT, copies_us
 from autoplan.cost.collectives import CollectiveModel
+from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import SharedLaunch, open_costs
@@ -95,3 +96,25 @@ def test_the_charge_is_the_steps_the_read_out_reports(priced):
         for r, c in zip(*np.nonzero(np.isfinite(o.cost)), strict=True):
             steps = launch.steps(o, redist, int(r), int(c))
             assert math.isclose(sum(s[3] for s in steps), o.cost[r, c], rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_with_the_device_priced_each_member_also_pays_its_part_of_the_copies(priced):
+    """Given the compute model, a gradient's charge adds its fill copy and views and its
+    share of the flat buffer's allocation: over the one full bucket, the copies
+    ``copies_us`` prices for it, so the plan's objective stays its bucketed estimate."""
+    traced, costs, redist = priced
+    compute = ComputeModel.of(CALIBRATED, (4,))
+    plain = open_costs(costs, SharedLaunch.of(traced, costs, [DDP], 25 * 2**20), redist)
+    launch = SharedLaunch.of(traced, costs, [DDP], 25 * 2**20, compute)
+    opened = open_costs(costs, launch, redist)
+    added, sizes = 0.0, []
+    for e, p, o in zip(costs.edges, plain.edges, opened.edges, strict=True):
+        if e.slot != GRAD_SLOT:
+            continue
+        r, c = _pair(e, (Partial(),), (Replicate(),))
+        ((_, _, nbytes, _),) = e.route_steps(redist, r, c)
+        assert o.cost[r, c] > p.cost[r, c]
+        added += o.cost[r, c] - p.cost[r, c]
+        sizes.append(nbytes)
+    expected = copies_us("tail", "all_reduce", sizes, sizes, compute)
+    assert added == pytest.approx(expected, rel=1e-6)
