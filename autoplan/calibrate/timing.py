@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from autoplan.runtime.release import Keeper
 
-__all__ = ["Clock"]
+__all__ = ["Clock", "middle_mean"]
 
 _C10D = torch.ops._c10d_functional
 
@@ -108,10 +108,12 @@ class Clock:
     def _repeat(self, run: Callable[[], Any], inner: int) -> float:
         """Seconds per call of ``run`` over one repeat of ``inner`` calls.
 
-        On a CPU, each call is timed and the median of the middle half is taken: the ranks
+        On a CPU, each call is timed and the mean of the middle half is taken: the ranks
         leave the barrier up to a few milliseconds apart, and in the first and last calls
-        some of them run alone, faster than a step's ranks, which all run at once. A GPU
-        queues its calls, so the repeat is timed whole.
+        some of them run alone, faster than a step's ranks, which all run at once. The mean,
+        not the median: ranks that share cores each run part of the time, and a short call
+        runs whole or waits whole, so the median call is one that had a core to itself. A
+        GPU queues its calls, so the repeat is timed whole.
         """
         start = time.perf_counter()
         if self._cuda or inner < 8:
@@ -123,9 +125,7 @@ class Clock:
         for _ in range(inner):
             run()
             marks.append(time.perf_counter())
-        calls = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-        quarter = inner // 4
-        return statistics.median(calls[quarter : inner - quarter])
+        return middle_mean([b - a for a, b in zip(marks, marks[1:], strict=False)])
 
     def max_over_ranks(self, values: list[float]) -> list[float]:
         """Each value's maximum over the job's ranks (float64)."""
@@ -135,3 +135,10 @@ class Clock:
         out = self.wait(held(local, "max", self._world.group_name))
         self.sync()
         return out.cpu().tolist()
+
+
+def middle_mean(calls: list[float]) -> float:
+    """The mean of the middle half of ``calls`` (in call order): the first and last
+    quarters dropped, every call between counted, the slow ones too."""
+    quarter = len(calls) // 4
+    return statistics.fmean(calls[quarter : len(calls) - quarter])
