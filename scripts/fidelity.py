@@ -335,7 +335,7 @@ def main() -> None:
         m: [(ms[n], plans[m][n].estimated_step_us / 1e3) for n in ms] for m, ms in medians.items()
     }
     plot(points, Path(args.plot))
-    text = report(plans, medians, args, args.topology, WORLD)
+    text = report(plans, rows, args, args.topology, WORLD)
     write_section(args.out, "fidelity", text)
     print(text)
 

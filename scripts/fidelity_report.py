@@ -40,6 +40,14 @@ def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
     }
 
 
+def spread(steps: list[float], rounds: int) -> float:
+    """How far one plan's own measurements move: the range of its rounds' medians over
+    the median of its steps (its steps in order, ``rounds`` equal rounds of them)."""
+    per = len(steps) // rounds
+    medians = [statistics.median(steps[i * per : (i + 1) * per]) for i in range(rounds)]
+    return (max(medians) - min(medians)) / statistics.median(steps)
+
+
 def plot(points: dict[str, list[tuple[float, float]]], path: Path) -> None:
     import matplotlib
 
@@ -70,7 +78,9 @@ def _shown(path: str) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str, world: int) -> str:
+def report(plans: dict, steps: dict, args: argparse.Namespace, topo_name: str, world: int) -> str:
+    """The RESULTS section of the plans' estimates against their measured ``steps``."""
+    medians = {m: {n: statistics.median(t) for n, t in ts.items()} for m, ts in steps.items()}
     cmd = " ".join(["python scripts/fidelity.py", *sys.argv[1:]])
     lines = [
         "# Estimated against measured steps",
@@ -83,10 +93,11 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str,
         f"{args.rounds} rounds in which the candidates take turns, each built, warmed up for "
         f"{args.warmup} steps, timed and freed"
         + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
-        + ". Error: estimated / measured - 1.",
+        + ". Error: estimated / measured - 1. Spread: the range of the plan's medians over "
+        "its rounds, over its median: how far the same plan's measurement moves here.",
         "",
-        "| model | plan | mesh | estimated ms | measured ms | error |",
-        "|---|---|---|---|---|---|",
+        "| model | plan | mesh | estimated ms | measured ms | error | spread |",
+        "|---|---|---|---|---|---|---|",
     ]
     summary_lines = []
     all_errors = []
@@ -94,20 +105,24 @@ def report(plans: dict, medians: dict, args: argparse.Namespace, topo_name: str,
         est = {n: plans[model][n].estimated_step_us / 1e3 for n in ms}
         s = summarize(est, ms)
         all_errors += [abs(e) for e in s["errors"].values()]
+        spreads = {n: spread(steps[model][n], args.rounds) for n in ms}
         for n in ms:
             mesh = "x".join(map(str, plans[model][n].mesh_shape))
             lines.append(
-                f"| {model} | {n} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} |"
+                f"| {model} | {n} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} "
+                f"| {spreads[n]:.0%} |"
             )
         errs = sorted(abs(e) for e in s["errors"].values())
         summary_lines.append(
             f"| {model} | {statistics.median(errs):.0%} | {errs[-1]:.0%} | {s['spearman']:.2f} "
-            f"| {s['pick_rank']} of {len(ms)} | {s['pick_over_fastest']:.2f} ({s['fastest']}) |"
+            f"| {s['pick_rank']} of {len(ms)} | {s['pick_over_fastest']:.2f} ({s['fastest']}) "
+            f"| {statistics.median(spreads.values()):.0%} |"
         )
     lines += [
         "",
-        "| model | median error | worst error | Spearman | the pick's rank | pick / fastest |",
-        "|---|---|---|---|---|---|",
+        "| model | median error | worst error | Spearman | the pick's rank | pick / fastest "
+        "| median spread |",
+        "|---|---|---|---|---|---|---|",
         *summary_lines,
         "",
         f"All plans: median error {statistics.median(all_errors):.0%}, worst "
