@@ -29,27 +29,14 @@ from autoplan.calibrate.compute import ComputeSample
 from autoplan.calibrate.fit_links import FitError, relative_errors, round_sig
 from autoplan.core.errors import PlanError
 from autoplan.core.topology import Device
+from autoplan.cost.compute import roofline_us
 
-__all__ = ["fit_device", "roofline_us"]
+__all__ = ["fit_device"]
 
 # A pointwise op that takes this many times the per-op overhead is bound by its bytes.
 _BYTES_BOUND = 4
 _PEAK_FIELDS = {"float32": "peak_fp32_tflops", "bfloat16": "peak_bf16_tflops"}
 _ERROR_KINDS = {"float32": "matmul_fp32", "bfloat16": "matmul_bf16"}
-
-
-def roofline_us(
-    device: Device, flops: float, nbytes: float, low_precision: bool, *, attention: bool = False
-) -> float:
-    """The compute model's time of an op (:class:`autoplan.cost.compute.ComputeModel`):
-    ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) + overhead``, an attention
-    kernel's peak times ``attention_efficiency``."""
-    peak = device.peak_bf16_tflops if low_precision else device.peak_fp32_tflops
-    if attention:
-        peak *= device.attention_efficiency
-    t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
-    t_mem = nbytes / (device.hbm_gbps * 1e3 * device.memory_efficiency)  # GB/s = 1e3 B/us
-    return max(t_flops, t_mem) + device.op_overhead_us
 
 
 def fit_device(

@@ -58,6 +58,23 @@ ATTENTION_OPS = frozenset(
 )
 
 
+def roofline_us(
+    device: Device, flops: float, nbytes: float, low_precision: bool, *, attention: bool = False
+) -> float:
+    """One op on ``device``: ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) +
+    overhead``, a fused attention kernel's peak times ``attention_efficiency`` (the drift
+    left to :class:`ComputeModel`)."""
+    peak = device.peak_bf16_tflops if low_precision else device.peak_fp32_tflops
+    if attention:
+        peak *= device.attention_efficiency
+    t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
+    return max(t_flops, _memory_us(device, nbytes)) + device.op_overhead_us
+
+
+def _memory_us(device: Device, nbytes: float) -> float:
+    return nbytes / (device.hbm_gbps * 1e3 * device.memory_efficiency)  # GB/s = 1e3 B/us
+
+
 class ComputeModel:
     """Prices node strategies on one device; owns a cache keyed by local shapes."""
 
@@ -86,8 +103,7 @@ class ComputeModel:
         """A copy of ``nbytes`` into another buffer, read and written once, by
         ``launches`` ops (a share of one, for a part of a larger copy)."""
         d = self.device
-        move = 2 * nbytes / (d.hbm_gbps * 1e3 * d.memory_efficiency)
-        return (move + launches * d.op_overhead_us) * self.scale
+        return (_memory_us(d, 2 * nbytes) + launches * d.op_overhead_us) * self.scale
 
     def time_us(self, ns: NodeStrategies, node: fx.Node, strategy: Strategy) -> float:
         """Kernel time of ``node`` run per ``strategy`` (a view's dispatch, 0 for
@@ -114,13 +130,8 @@ class ComputeModel:
         )
         flops = self._node_flops(node, in_shapes, out_shapes)
         low = any(t is not None and t.dtype in _LOW_PRECISION for t in ns.out_tensors)
-        peak = self.device.peak_bf16_tflops if low else self.device.peak_fp32_tflops
-        d = self.device
-        if node.target in ATTENTION_OPS:
-            peak *= d.attention_efficiency
-        t_flops = flops / (peak * 1e6 * d.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
-        t_mem = nbytes / (d.hbm_gbps * 1e3 * d.memory_efficiency)  # GB/s = 1e3 B/us
-        return (max(t_flops, t_mem) + d.op_overhead_us) * self.scale
+        attention = node.target in ATTENTION_OPS
+        return roofline_us(self.device, flops, nbytes, low, attention=attention) * self.scale
 
     def _node_flops(
         self,

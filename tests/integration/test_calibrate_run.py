@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from autoplan.calibrate.fit_device import roofline_us
 from autoplan.calibrate.run import measure
 from autoplan.calibrate.settings import Settings
 from autoplan.calibrate.sync import SyncSample, fit_sync
 from autoplan.core.topology import Topology
+from autoplan.cost.compute import roofline_us
 from autoplan.tools.runfile import load_topology
 from tests.helpers.gloo import run_workers
 

@@ -9,12 +9,13 @@ import pytest
 
 from autoplan.calibrate.comm import CollectiveSample, message_bytes
 from autoplan.calibrate.compute import ComputeSample
-from autoplan.calibrate.fit_device import fit_device, roofline_us
+from autoplan.calibrate.fit_device import fit_device
 from autoplan.calibrate.fit_links import fit_collectives, fit_link, round_sig
 from autoplan.calibrate.settings import Settings
 from autoplan.core.errors import PlanError
 from autoplan.core.measured import OPS, LinkFit
 from autoplan.core.topology import Device
+from autoplan.cost.compute import roofline_us
 
 TRUE = LinkFit(latency_us=300.0, step_us=150.0, busbw_gbps=0.6)
 # the groups of a 2x2 mesh on one node: dp, tp (2 ranks each), dp+tp (4 ranks)
