@@ -2,9 +2,10 @@
 
 Input: a :class:`~autoplan.cost.price.CostTable`, the traced graph, the bucket cap and
 a set of *open* bucket kinds ``(where, collective, mesh axes)``. Output: a cost table
-in which each move of an open kind pays its bandwidth and a share of one launch in
-proportion to the bytes it fills (:func:`open_costs`), and the same charge per move
-(:meth:`SharedLaunch.steps`) for the plan's read-out and its buckets.
+in which each move of an open kind pays its bandwidth, its part of the bucket's copies
+(with a compute model) and a share of one launch in proportion to the bytes it fills
+(:func:`open_costs`), and the same charge per move (:meth:`SharedLaunch.steps`) for the
+plan's read-out and its buckets.
 
 Why: the ILP sums one price per move, but a step runs the head gathers and the tail
 reductions of one kind merged, one launch per bucket (:mod:`autoplan.cost.buckets`).
@@ -44,7 +45,8 @@ class SharedLaunch:
     reshaping nodes through which alone a value reaches the gradients (a move into one
     is a tail reduction, as a gradient's move to its parameter is); ``fill`` the bytes
     of one bucket of each place at most (the cap, or all of that place's tensors when
-    they fill less)."""
+    they fill less); ``compute``, when given, prices each move's part of its bucket's
+    copies (:func:`~autoplan.cost.buckets.member_copies_us`), which it is charged too."""
 
     open: frozenset[BucketKind]
     head: frozenset[str]
