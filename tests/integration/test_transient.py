@@ -42,6 +42,7 @@ def test_the_time_limit_bounds_the_plan_with_its_transient_re_solves(monkeypatch
 
     monkeypatch.setattr(SolveClock, "left", left)
     plan = _plan(memory_budget_gib=budget, activation_memory=True, time_limit_s=60.0)
-    # read by the first solve, the transient's re-solve and the bucket search: one solve
-    assert len(solves) == 1 and reads == [60.0, 60.0, 60.0]
+    # read by the first solve and the transient's re-solve (and a bucket search, when the
+    # plan's buckets are worth one): one solve
+    assert len(solves) == 1 and reads[:2] == [60.0, 60.0] and len(reads) <= 3
     assert "ran out before a re-solve" in plan.message and "time_limit_s (60.0 s)" in plan.message
