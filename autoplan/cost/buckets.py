@@ -35,6 +35,7 @@ __all__ = [
     "TailBucket",
     "bucket_groups",
     "copies_us",
+    "member_bytes",
     "member_copies_us",
     "grad_tail",
     "merged_moves",
@@ -200,15 +201,22 @@ def member_copies_us(
     return us
 
 
+def member_bytes(kind: str, nbytes: float, ranks: int) -> tuple[float, float]:
+    """A move's input and result bytes on one rank: its ``nbytes`` is its collective's
+    size (an all_gather's result, a reduce_scatter's input) over a group of ``ranks``."""
+    return (
+        nbytes / ranks if kind == "all_gather" else nbytes,
+        nbytes / ranks if kind == "reduce_scatter" else nbytes,
+    )
+
+
 def _member_bytes(
     members: Sequence[_Move], mesh_shape: Sequence[int]
 ) -> tuple[list[float], list[float]]:
-    """Each member's input and result bytes on one rank (a move's ``nbytes`` is its
-    collective's size: an all_gather's result, a reduce_scatter's input)."""
+    """Each member's :func:`member_bytes`, as two lists."""
     size = math.prod(mesh_shape[a] for a in members[0].axes)
-    inputs = [m.nbytes / size if m.kind == "all_gather" else m.nbytes for m in members]
-    outputs = [m.nbytes / size if m.kind == "reduce_scatter" else m.nbytes for m in members]
-    return inputs, outputs
+    pairs = [member_bytes(m.kind, m.nbytes, size) for m in members]
+    return [i for i, _ in pairs], [o for _, o in pairs]
 
 
 def tail_buckets(merged: Merged, costs: CostTable, mesh_shape: tuple[int, ...]) -> list[TailBucket]:

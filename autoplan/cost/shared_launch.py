@@ -25,7 +25,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.cost.buckets import GRAD_SLOT, Step, grad_tail, member_copies_us, param_derived
+from autoplan.cost.buckets import (
+    GRAD_SLOT,
+    Step,
+    grad_tail,
+    member_bytes,
+    member_copies_us,
+    param_derived,
+)
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
@@ -107,9 +114,7 @@ class SharedLaunch:
                 share = min(1.0, nbytes / self.fill[where])
                 us -= (1.0 - share) * launch
                 if self.compute is not None:
-                    ranks = p * m
-                    in_bytes = nbytes / ranks if kind == "all_gather" else nbytes
-                    out_bytes = nbytes / ranks if kind == "reduce_scatter" else nbytes
+                    in_bytes, out_bytes = member_bytes(kind, nbytes, p * m)
                     us += member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
             out.append((kind, axes, nbytes, us))
         return out
