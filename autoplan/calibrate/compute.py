@@ -15,13 +15,18 @@ A fused attention kernel (SDPA, forward and backward) reaches its own share of t
 and a view op runs no kernel but is a dispatcher call on the host.
 Each op allocates its output, as the ops of a step do, and is called as a lowered
 program calls it (an ATen overload); pointwise and reduction operands cycle through
-buffers larger than the caches, as a step's ops read values written long before.
+buffers larger than the caches, as a step's ops read values written long before. The tiny
+ops, the views and the smaller pointwise and reduction ops are called in one rotation
+(:meth:`~autoplan.calibrate.timing.Clock.add_rotation`), as a program calls many ops in
+turn: on a CPU, a small op called in a loop of itself keeps its dispatch code in the
+caches and takes a fraction of its time in a program.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
@@ -38,6 +43,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _aten = torch.ops.aten
 _MAX_PAIRS = 4096
 """Operand pairs a small op cycles through: its calls still leave the per-core caches."""
+_TURN_NUMEL = 4**8
+"""Pointwise and reduction ops of at most this many elements are timed in the rotation
+of tiny ops: their dispatch is a sizable share of their time."""
 
 
 @dataclass(frozen=True)
@@ -72,25 +80,46 @@ def measure_compute(
         queued.append((kind, label, dtype, flops, nbytes))
 
     # the overhead through the call a lowered program makes (an ATen overload), not a
-    # Tensor method's faster path
+    # Tensor method's faster path; tiny ops, views and the smaller pointwise and
+    # reduction ops in one rotation, as a program calls many ops in turn
+    turns: list[tuple[tuple[str, str, str, float, float], Callable[[], object]]] = []
     one = torch.ones(1, device=device)
-    pool = torch.rand(settings.cold_bytes // 4, device=device)
     for name, op in (("add", _aten.add.Tensor), ("mul", _aten.mul.Tensor)):
-        add("overhead", f"{name} 1", "float32", 0, 12, lambda op=op: op(one, one))
-    add("overhead", "sum 1", "float32", 0, 8, lambda: _aten.sum.default(one))
-    for numel in settings.pointwise_numels:
-        pairs = _cold_pairs(pool, numel)
-        for name, op in (("add", _aten.add.Tensor), ("mul", _aten.mul.Tensor)):
-            add("pointwise", f"{name} {numel}", "float32", 0, 12 * numel, _cycling(op, pairs))
-        sums = _cycling(lambda a, _b: _aten.sum.default(a), pairs)
-        add("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4, sums)
+        turns.append((("overhead", f"{name} 1", "float32", 0, 12), partial(op, one, one)))
+    for name, unary in (
+        ("sum", _aten.sum.default), ("neg", _aten.neg.default), ("exp", _aten.exp.default),
+        ("rsqrt", _aten.rsqrt.default), ("clone", _aten.clone.default),
+    ):  # fmt: skip
+        turns.append((("overhead", f"{name} 1", "float32", 0, 8), partial(unary, one)))
     x = torch.rand(8, 16, 32, device=device)
     for label, view in (
         ("view", lambda: _aten.view.default(x, [128, 32])),
         ("permute", lambda: _aten.permute.default(x, [1, 0, 2])),
         ("transpose", lambda: _aten.transpose.int(x, 0, 1)),
+        ("unsqueeze", lambda: _aten.unsqueeze.default(x, 0)),
+        ("slice", lambda: _aten.slice.Tensor(x, 2, 0, 16)),
+        ("expand", lambda: _aten.expand.default(x, [2, 8, 16, 32])),
     ):
-        add("view", label, "float32", 0, 0, view)
+        turns.append((("view", label, "float32", 0, 0), view))
+    pool = torch.rand(settings.cold_bytes // 4, device=device)
+    for numel in settings.pointwise_numels:
+        pairs = _cold_pairs(pool, numel)
+        ops: list[tuple[tuple[str, str, str, float, float], Callable[[], object]]] = [
+            (("pointwise", f"{name} {numel}", "float32", 0, 12 * numel), _cycling(op, pairs, k))
+            for k, (name, op) in enumerate((("add", _aten.add.Tensor), ("mul", _aten.mul.Tensor)))
+        ]
+        sums = _cycling(lambda a, _b: _aten.sum.default(a), pairs, 2)
+        ops.append((("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4), sums))
+        if numel <= _TURN_NUMEL:
+            turns += ops
+        else:
+            for what, run in ops:
+                add(*what, run)
+    clock.add_rotation(
+        [run for _, run in turns], repeats=settings.compute_repeats,
+        min_us=settings.compute_min_us, max_inner=settings.max_inner,
+    )  # fmt: skip
+    queued += [what for what, _ in turns]
     # attention as a training step runs it: causal (as a decoder's), the forward and the
     # forward with its backward, at the dtype of the device's fast peak
     dtype = "float32" if device.type == "cpu" else "bfloat16"
@@ -138,9 +167,12 @@ def _cold_pairs(pool: torch.Tensor, numel: int) -> list[tuple[torch.Tensor, torc
 def _cycling(
     op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    phase: int = 0,
 ) -> Callable[[], torch.Tensor]:
-    """``op`` on the next pair at each call, round the list."""
-    at = [0]
+    """``op`` on the next pair at each call, round the list, starting ``phase`` thirds
+    of the way round: ops taking turns on one list do not read the pair another has
+    just brought into the caches."""
+    at = [phase * len(pairs) // 3 % len(pairs)]
 
     def run() -> torch.Tensor:
         a, b = pairs[at[0]]
