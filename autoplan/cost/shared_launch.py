@@ -52,14 +52,14 @@ class SharedLaunch:
     reshaping nodes through which alone a value reaches the gradients (a move into one
     is a tail reduction, as a gradient's move to its parameter is); ``fill`` the bytes
     of one bucket of each place at most (the cap, or all of that place's tensors when
-    they fill less); ``compute``, when given, prices each move's part of its bucket's
-    copies (:func:`~autoplan.cost.buckets.member_copies_us`), which it is charged too."""
+    they fill less); ``compute`` prices each move's part of its bucket's copies
+    (:func:`~autoplan.cost.buckets.member_copies_us`), which it is charged too."""
 
     open: frozenset[BucketKind]
     head: frozenset[str]
     tail: frozenset[str]
     fill: dict[str, float]
-    compute: ComputeModel | None = None
+    compute: ComputeModel
 
     @staticmethod
     def of(
@@ -67,7 +67,7 @@ class SharedLaunch:
         costs: CostTable,
         open_: Iterable[BucketKind],
         cap_bytes: float,
-        compute: ComputeModel | None = None,
+        compute: ComputeModel,
     ) -> SharedLaunch:
         grads = head = 0.0
         for e in costs.edges:
@@ -113,9 +113,8 @@ class SharedLaunch:
                 )
                 share = min(1.0, nbytes / self.fill[where])
                 us -= (1.0 - share) * launch
-                if self.compute is not None:
-                    in_bytes, out_bytes = member_bytes(kind, nbytes, p * m)
-                    us += member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
+                in_bytes, out_bytes = member_bytes(kind, nbytes, p * m)
+                us += member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
             out.append((kind, axes, nbytes, us))
         return out
 

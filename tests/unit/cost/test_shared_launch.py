@@ -4,6 +4,7 @@ tests/unit/planner/test_bucket_search.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -23,6 +24,13 @@ from tests.helpers.priced import priced_tiny_llama
 # measured by `autoplan calibrate`: a collective's time is affine in its bytes
 CALIBRATED = load_topology(str(REPO / "benchmarks" / "cpu-gloo-2x2.yaml"))
 DDP = ("tail", "all_reduce", (0,))
+# a device whose copies take no time: the launch shares alone
+FREE_COPIES = ComputeModel(
+    dataclasses.replace(
+        CALIBRATED.device, op_overhead_us=0.0, view_overhead_us=0.0, hbm_gbps=1e300
+    ),
+    (4,),
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +47,10 @@ def _pair(e, src, dst) -> tuple[int, int]:
 
 def test_with_no_kind_open_the_table_is_the_same(priced):
     traced, costs, redist = priced
-    assert open_costs(costs, SharedLaunch.of(traced, costs, (), 25 * 2**20), redist) is costs
+    assert (
+        open_costs(costs, SharedLaunch.of(traced, costs, (), 25 * 2**20, FREE_COPIES), redist)
+        is costs
+    )
 
 
 def test_ddp_gradients_filling_one_bucket_are_charged_one_launch_in_all(priced):
@@ -48,7 +59,7 @@ def test_ddp_gradients_filling_one_bucket_are_charged_one_launch_in_all(priced):
     bucket the step runs); each alone pays less than its own launch. (A move into a
     reshaping node on the way to a gradient is a tail move too.)"""
     traced, costs, redist = priced
-    launch = SharedLaunch.of(traced, costs, [DDP], 25 * 2**20)
+    launch = SharedLaunch.of(traced, costs, [DDP], 25 * 2**20, FREE_COPIES)
     opened = open_costs(costs, launch, redist)
     charged, total, alone = 0.0, 0.0, []
     for e, o in zip(costs.edges, opened.edges, strict=True):
@@ -72,7 +83,9 @@ def test_ddp_gradients_filling_one_bucket_are_charged_one_launch_in_all(priced):
 
 def test_a_move_of_a_closed_kind_and_moves_without_collectives_keep_their_price(priced):
     traced, costs, redist = priced
-    opened = open_costs(costs, SharedLaunch.of(traced, costs, [DDP], 25 * 2**20), redist)
+    opened = open_costs(
+        costs, SharedLaunch.of(traced, costs, [DDP], 25 * 2**20, FREE_COPIES), redist
+    )
     for e, o in zip(costs.edges, opened.edges, strict=True):
         if e.slot != GRAD_SLOT:
             continue
@@ -88,7 +101,9 @@ def test_the_charge_is_the_steps_the_read_out_reports(priced):
     """``SharedLaunch.steps`` (what a plan's comm and buckets report) sums to the opened
     table's price of every pair."""
     traced, costs, redist = priced
-    launch = SharedLaunch.of(traced, costs, [DDP, ("head", "all_gather", (0,))], 25 * 2**20)
+    launch = SharedLaunch.of(
+        traced, costs, [DDP, ("head", "all_gather", (0,))], 25 * 2**20, FREE_COPIES
+    )
     opened = open_costs(costs, launch, redist)
     for o in opened.edges:
         if o.tensor is None or not launch.where(o):
@@ -104,7 +119,9 @@ def test_with_the_device_priced_each_member_also_pays_its_part_of_the_copies(pri
     ``copies_us`` prices for it, so the plan's objective stays its bucketed estimate."""
     traced, costs, redist = priced
     compute = ComputeModel.of(CALIBRATED, (4,))
-    plain = open_costs(costs, SharedLaunch.of(traced, costs, [DDP], 25 * 2**20), redist)
+    plain = open_costs(
+        costs, SharedLaunch.of(traced, costs, [DDP], 25 * 2**20, FREE_COPIES), redist
+    )
     launch = SharedLaunch.of(traced, costs, [DDP], 25 * 2**20, compute)
     opened = open_costs(costs, launch, redist)
     added, sizes = 0.0, []
