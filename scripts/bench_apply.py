@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -36,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from gloo_steps import free_port, layout_pins, timed_ms  # scripts/gloo_steps.py
-from results_md import RESULTS, write_section  # scripts/results_md.py (the script's folder)
+from results_md import RESULTS, header, write_section  # scripts/results_md.py (the script's folder)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -241,20 +239,20 @@ def main() -> None:
 
 
 def _report(rows: dict, args: argparse.Namespace) -> str:
-    cmd = " ".join(["python scripts/bench_apply.py", *sys.argv[1:]])
     lines = [
-        "# autoplan.parallelize against PyTorch's wrappers",
-        "",
-        f"Command: `{cmd}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, torch {torch.__version__}; 4 gloo processes, one "
-        f"thread each. Tiny LLaMA (dim {ARGS.dim}, {ARGS.n_layers} layers, {ARGS.n_heads} "
-        f"heads, {ARGS.n_kv_heads} kv heads, vocab {ARGS.vocab_size}), batch {BATCH} x seq "
-        f"{SEQ}. Median step (forward + backward + SGD, the slowest rank) over {args.steps} "
-        f"steps after {args.warmup}, the sides taking turns step by step; the loss (the mean of the logits) is computed outside "
-        "the model on both sides; `parallelize` runs the plan's buckets (25 MiB); *first "
-        "call*: the parallelized model's first step (trace, check, lower, and compile when "
-        "asked).",
+        *header(
+            "autoplan.parallelize against PyTorch's wrappers",
+            "bench_apply.py",
+            platform.machine(),
+            f"4 gloo processes, one thread each. Tiny LLaMA (dim {ARGS.dim}, {ARGS.n_layers} "
+            f"layers, {ARGS.n_heads} heads, {ARGS.n_kv_heads} kv heads, vocab "
+            f"{ARGS.vocab_size}), batch {BATCH} x seq {SEQ}. Median step (forward + backward + "
+            f"SGD, the slowest rank) over {args.steps} steps after {args.warmup}, the sides "
+            "taking turns step by step; the loss (the mean of the logits) is computed outside "
+            "the model on both sides; `parallelize` runs the plan's buckets (25 MiB); *first "
+            "call*: the parallelized model's first step (trace, check, lower, and compile when "
+            "asked).",
+        ),
         "",
         "| case | PyTorch | PyTorch ms | parallelize ms | ratio | first call s |"
         + (" compile=True ms | ratio | first call s |" if args.compile else ""),

@@ -9,14 +9,10 @@ Why apart: measuring and reporting are two concerns; the report reads only numbe
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import sys
 from pathlib import Path
 
-import torch
-from results_md import ROOT  # scripts/results_md.py
+from results_md import ROOT, header  # scripts/results_md.py
 from scipy.stats import spearmanr
 
 from autoplan.calibrate.run import cpu_model
@@ -81,20 +77,19 @@ def _shown(path: str) -> str:
 def report(plans: dict, steps: dict, args: argparse.Namespace, topo_name: str, world: int) -> str:
     """The RESULTS section of the plans' estimates against their measured ``steps``."""
     medians = {m: {n: statistics.median(t) for n, t in ts.items()} for m, ts in steps.items()}
-    cmd = " ".join(["python scripts/fidelity.py", *sys.argv[1:]])
     lines = [
-        "# Estimated against measured steps",
-        "",
-        f"Command: `{cmd}`  ",
-        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, torch {torch.__version__}; {world} processes "
-        f"({args.device}), topology {topo_name}. Step: forward + backward with the loss "
-        f"inside the model; the median over {args.steps} steps, the slowest rank, in "
-        f"{args.rounds} rounds in which the candidates take turns, each built, warmed up for "
-        f"{args.warmup} steps, timed and freed"
-        + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
-        + ". Error: estimated / measured - 1. Spread: the range of the plan's medians over "
-        "its rounds, over its median: how far the same plan's measurement moves here.",
+        *header(
+            "Estimated against measured steps",
+            "fidelity.py",
+            cpu_model(),
+            f"{world} processes ({args.device}), topology {topo_name}. Step: forward + "
+            f"backward with the loss inside the model; the median over {args.steps} steps, "
+            f"the slowest rank, in {args.rounds} rounds in which the candidates take turns, "
+            f"each built, warmed up for {args.warmup} steps, timed and freed"
+            + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
+            + ". Error: estimated / measured - 1. Spread: the range of the plan's medians over "
+            "its rounds, over its median: how far the same plan's measurement moves here.",
+        ),
         "",
         "| model | plan | mesh | estimated ms | measured ms | error | spread |",
         "|---|---|---|---|---|---|---|",

@@ -6,7 +6,12 @@ finds none appends its section at the end.
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from pathlib import Path
+
+import torch
 
 from autoplan.core.user_files import write_text
 
@@ -27,3 +32,17 @@ def write_section(path: Path | str, name: str, text: str) -> None:
     else:
         new = (old.rstrip() + "\n\n" if old.strip() else "") + block
     write_text(path, new)
+
+
+def header(title: str, script: str, machine: str, setup: str) -> list[str]:
+    """A section's first lines: its title, the command that wrote it (this process's
+    arguments to ``scripts/<script>``) and the machine (``machine``, its CPUs, Python and
+    torch), ``setup`` after them."""
+    cmd = " ".join([f"python scripts/{script}", *sys.argv[1:]])
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{cmd}`  ",
+        f"Machine: {machine}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; {setup}",
+    ]
