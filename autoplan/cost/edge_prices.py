@@ -107,11 +107,7 @@ class EdgePricer:
         self, rows: tuple[int, ...], cols: tuple[int, ...], shape: tuple[int, ...], dtype_bytes: int
     ) -> np.ndarray:
         """:meth:`matrix` of placement tuples already turned into :meth:`ids`."""
-        divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
-        div = self._divisible.get(divisible)
-        if div is None:
-            div = self._divisible[divisible] = len(self._divisibility)
-            self._divisibility.append(divisible)
+        div = self._divisibility_id(shape)
         key = (rows, cols, div)
         layout = self._layouts.get(key)
         if layout is None:
@@ -128,6 +124,32 @@ class EdgePricer:
             cost = np.zeros(layout.impossible.shape)
         cost[layout.impossible] = math.inf
         return cost
+
+    def pair_prices(
+        self, src: np.ndarray, dst: np.ndarray, shape: tuple[int, ...], dtype_bytes: int
+    ) -> np.ndarray:
+        """The price of each move ``src[i] -> dst[i]`` (placement ids), as
+        :meth:`matrix_of_ids` prices it: for a few pairs of many placements, not a grid."""
+        div = np.where(self._tables()[3][src], self._divisibility_id(shape), -1)
+        which = self._moves_of(src, dst, div, shape)
+        numel = math.prod(shape) * dtype_bytes
+        per_move = np.full(len(self._move_list), math.inf)
+        for m in np.unique(which).tolist():
+            if (terms := self._move_list[m]) is not None:
+                total = 0.0
+                for t in terms:  # step after step, as cost_us sums them
+                    total += self._time(t, numel)
+                per_move[m] = total
+        return per_move[which]
+
+    def _divisibility_id(self, shape: tuple[int, ...]) -> int:
+        """The id of which dims of ``shape`` divide by each flattened group of axes."""
+        divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
+        div = self._divisible.get(divisible)
+        if div is None:
+            div = self._divisible[divisible] = len(self._divisibility)
+            self._divisibility.append(divisible)
+        return div
 
     def ids(self, placements: Sequence[Placements]) -> tuple[int, ...]:
         """Small ints standing for placement tuples, the same int for equal tuples."""

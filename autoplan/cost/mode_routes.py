@@ -21,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-from autoplan.cost.routes import Network, Routes
+from autoplan.cost.routes import Routes
 
 __all__ = ["ModeRoutes"]
 
@@ -37,7 +37,7 @@ class ModeRoutes(Routes):
     moves inside copy k; ``kept`` marks those still in the network (None: all).
     """
 
-    base: Network
+    base: Routes
     scales: tuple[float, ...]
     kept: np.ndarray | None = None
 
@@ -75,7 +75,7 @@ class ModeRoutes(Routes):
         row_block, row_at = np.divmod(every if rows is None else np.asarray(rows), n)
         col_block, col_at = np.divmod(every if cols is None else np.asarray(cols), n)
         scale = np.concatenate([[1.0], self.scales])[col_block]
-        out = self.base.dist[np.ix_(row_at, col_at)] * scale
+        out = self.base.distances(row_at, col_at) * scale
         into_copy = col_block > 0
         # into a copy: from the entry, or from inside the same copy
         reach = (row_block[:, None] == 0) | (row_block[:, None] == col_block[None, :])
@@ -111,7 +111,7 @@ class ModeRoutes(Routes):
                 by_states[key] = self.base.on_routes(starts, ends)
             steps = np.zeros(n, dtype=bool)
             if len(ends):
-                steps[entry] = np.isfinite(self.base.dist[np.ix_(entry, ends)]).any(axis=1)
+                steps[entry] = np.isfinite(self.base.distances(entry, ends)).any(axis=1)
             parts += [steps, by_states[key]]
         keep = np.concatenate(parts)
         if self.kept is not None:

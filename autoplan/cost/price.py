@@ -34,7 +34,8 @@ from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.routes import Router, Routes
+from autoplan.cost.router import Router
+from autoplan.cost.routes import Routes
 from autoplan.strategies.table import StrategyTable, TensorInfo
 from autoplan.trace.capture import TracedGraph
 

@@ -1,6 +1,6 @@
 """Redistribution routes: the cheapest chain of DTensor moves between two placements.
 
-Stage 4, cost (called by :mod:`autoplan.cost.price`). Input: an edge's distinct
+Stage 4, cost (built by :mod:`autoplan.cost.router`). Input: an edge's distinct
 source placements (rows), target placements (columns), the tensor's shape and
 element size. Output: the rows x columns matrix of *route* prices, and the
 :class:`Network` the routes run through: every placement of the tensor the
@@ -28,21 +28,16 @@ placement pairs.
 from __future__ import annotations
 
 import itertools
-import os
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Self
+from typing import Self
 
 import numpy as np
 
 from autoplan.core.placements import Placements
-from autoplan.core.torch_adapter import Partial, Replicate, Shard
-from autoplan.cost.closure import close_network
-from autoplan.cost.edge_prices import EdgePricer
+from autoplan.core.torch_adapter import Partial, Placement, Replicate, Shard
 
 # Relative slack when asking whether a move lies on a cheapest route (float sums).
 _TIGHT = 1e-9
@@ -110,15 +105,12 @@ class Routes(ABC):
             raise ValueError(f"no route from state {a} to state {b}")
         slack = from_a[b] * (1 + _TIGHT) + _TIGHT
         on = from_a + to_b <= slack  # states some cheapest route passes
-        moves = self._moves
         came = {a: a}
         frontier = [a]
         while frontier and b not in came:
             reached = []
             for u in frontier:
-                v = np.flatnonzero(moves[u] & on)
-                # each move is itself a cheapest route: its price is its distance
-                step = self.distances(np.array([u]), v)[0]
+                v, step = self._steps(u, on)
                 for x in v[from_a[u] + step + to_b[v] <= slack].tolist():
                     if x not in came:
                         came[x] = u
@@ -130,6 +122,12 @@ class Routes(ABC):
         while path[-1] != a:
             path.append(came[path[-1]])
         return tuple(reversed(path))
+
+    def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The moves out of ``u`` into states ``on`` marks, and their prices: each move
+        is itself a cheapest route, so its price is its distance."""
+        v = np.flatnonzero(self._moves[u] & on)
+        return v, self.distances(np.array([u]), v)[0]
 
     def between(self, sources: np.ndarray, sinks: np.ndarray) -> Self:
         """The network with only the moves some cheapest route from ``sources`` to ``sinks``
@@ -198,178 +196,30 @@ def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, eq=False)
 class RoutedEdge:
-    """One edge priced by routes: ``cost[r, c] = net.dist[row_state[r], col_state[c]]``."""
+    """One edge priced by routes: ``cost[r, c]``, the price from ``row_state[r]`` to
+    ``col_state[c]`` in ``net``."""
 
     cost: np.ndarray
-    net: Network
+    net: Routes
     row_state: np.ndarray
     col_state: np.ndarray
 
 
 def canonical(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placements]:
     """Every placement tuple of a tensor of ``shape`` built from R, P and the S(d) that
-    split dim d evenly on that axis: the placements a route may pass.
+    split dim d evenly on that axis (:func:`canonical_axes`): the placements a route may
+    pass, in :func:`itertools.product` order.
 
     Uneven splits (a dim of 1 or 2 on an 8-way axis) are left out as waypoints: they
     enlarge the network (RoPE's rank-5 views most) and made no benchmarked plan cheaper.
     The placements of the edges of that shape are added whatever they are.
     """
-    per_axis = [
+    return [tuple(p) for p in itertools.product(*canonical_axes(shape, mesh_shape))]
+
+
+def canonical_axes(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[list[Placement]]:
+    """Per mesh axis, the placements :func:`canonical` combines: R, P and the even S(d)."""
+    return [
         [Replicate(), Partial(), *(Shard(d) for d, n in enumerate(shape) if n % m == 0 and n >= m)]
         for m in mesh_shape
     ]
-    return [tuple(p) for p in itertools.product(*per_axis)]
-
-
-class Router:
-    """Prices edges by routes on one mesh; caches networks and edges for one planning run."""
-
-    def __init__(self, pricer: EdgePricer) -> None:
-        self.pricer = pricer
-        self._canon: dict[tuple[int, ...], tuple[list[Placements], tuple[int, ...]]] = {}
-        self._nets: dict[tuple[tuple[int, ...], tuple[int, ...], int], Network] = {}
-        self._edges: dict[
-            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int], RoutedEdge
-        ] = {}
-
-    def edge(
-        self,
-        rows: Sequence[Placements],
-        cols: Sequence[Placements],
-        shape: tuple[int, ...],
-        dtype_bytes: int,
-    ) -> RoutedEdge:
-        """Route prices from each of ``rows`` to each of ``cols`` (see the module docstring).
-        An edge :meth:`precompute` was not given gets a network of its own placements."""
-        key = (self.pricer.ids(rows), self.pricer.ids(cols), shape, dtype_bytes)
-        if key not in self._edges:  # not precomputed: built here, in this thread
-            self.precompute([(rows, cols, shape, dtype_bytes)])
-        return self._edges[key]
-
-    def _canonical(self, shape: tuple[int, ...]) -> tuple[list[Placements], tuple[int, ...]]:
-        if shape not in self._canon:
-            states = canonical(shape, self.pricer.redist.mesh_shape)
-            self._canon[shape] = (states, self.pricer.ids(states))
-        return self._canon[shape]
-
-    def precompute(
-        self,
-        edges: Iterable[tuple[Sequence[Placements], Sequence[Placements], tuple[int, ...], int]],
-    ) -> None:
-        """Price these (rows, cols, shape, dtype_bytes) edges by routes before :meth:`edge`
-        asks for them. The edges of one tensor shape and element size share one network:
-        the waypoints and every placement any of them has. Networks are priced in this
-        thread while the ones before are closed on worker threads.
-
-        One network per shape, so that a move has one price whatever edge asks: routes
-        through the edges' own placements (the strided ones, which are no waypoints) are
-        most of what makes moves cheap, and with a network per edge an edge with fewer of
-        them would pay more for the same move.
-
-        Closing a network (Floyd-Warshall, then :func:`route_arcs`) is n numpy passes over
-        n x n arrays, which numpy runs without holding the GIL, while pricing its moves is
-        Python: so the two overlap.
-        """
-        asked: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}  # edge -> its group
-        groups: dict[tuple[tuple[int, ...], int], dict[int, Placements]] = {}
-        for rows, cols, shape, dtype_bytes in edges:
-            row_ids, col_ids = self.pricer.ids(rows), self.pricer.ids(cols)
-            edge_key = (row_ids, col_ids, shape, dtype_bytes)
-            if edge_key in self._edges or edge_key in asked:
-                continue
-            asked[edge_key] = (shape, dtype_bytes)
-            own = groups.setdefault((shape, dtype_bytes), {})
-            for i, p in zip(row_ids + col_ids, [*rows, *cols], strict=True):
-                own.setdefault(i, p)
-        todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]] = {}
-        net_of: dict[tuple[tuple[int, ...], int], tuple[Any, ...]] = {}
-        for (shape, dtype_bytes), own in groups.items():
-            canon, canon_ids = self._canonical(shape)
-            waypoints = set(canon_ids)
-            # by id, not in the edges' order: the same placements make the same network
-            extra_ids = tuple(sorted(i for i in own if i not in waypoints))
-            key = net_of[shape, dtype_bytes] = (canon_ids + extra_ids, shape, dtype_bytes)
-            if key not in self._nets and key not in todo:
-                todo[key] = (canon + [own[i] for i in extra_ids], canon_ids, extra_ids)
-        self._build(todo)
-        where = {key: {s: k for k, s in enumerate(key[0])} for key in net_of.values()}
-        for (row_ids, col_ids, shape, dtype_bytes), group in asked.items():
-            key = net_of[group]
-            net, pos = self._nets[key], where[key]
-            row_state = np.array([pos[i] for i in row_ids], dtype=np.int64)
-            col_state = np.array([pos[i] for i in col_ids], dtype=np.int64)
-            cost = net.dist[np.ix_(row_state, col_state)]
-            self._edges[row_ids, col_ids, shape, dtype_bytes] = RoutedEdge(
-                cost, net, row_state, col_state
-            )
-
-    def _build(
-        self, todo: dict[tuple[Any, ...], tuple[list[Placements], tuple[int, ...], tuple[int, ...]]]
-    ) -> None:
-        """Price and close the networks of ``todo`` (key -> states, waypoint ids, own ids),
-        the big ones on worker threads while the next is priced."""
-        running: deque[tuple[Any, list[Placements], np.ndarray, Future[Any]]] = deque()
-
-        def finish() -> None:
-            done, states, direct, closed = running.popleft()
-            self._nets[done] = _assemble(states, direct, *closed.result())
-
-        pool: ThreadPoolExecutor | None = None
-        try:
-            for key, (states, canon_ids, extra_ids) in todo.items():
-                direct = self._direct(canon_ids, extra_ids, key[1], key[2])
-                if len(direct) < _THREADED:  # cheaper to close here than to hand over
-                    self._nets[key] = _assemble(states, direct, *close_network(direct))
-                    continue
-                pool = pool or ThreadPoolExecutor(_WORKERS)
-                running.append((key, states, direct, pool.submit(close_network, direct)))
-                while len(running) > _WORKERS:  # at most one priced network waiting
-                    finish()
-            while running:
-                finish()
-        finally:
-            if pool is not None:
-                pool.shutdown()
-
-    def _direct(
-        self,
-        canon: tuple[int, ...],
-        extra: tuple[int, ...],
-        shape: tuple[int, ...],
-        dtype_bytes: int,
-    ) -> np.ndarray:
-        """One-move prices between a network's states, priced by blocks of placement ids:
-        the waypoint block's layout is shared by every network with the same waypoints and
-        divisibility, whatever the edge adds."""
-        price = self.pricer.matrix_of_ids
-        direct = price(canon, canon, shape, dtype_bytes)
-        if extra:
-            direct = np.block(
-                [
-                    [direct, price(canon, extra, shape, dtype_bytes)],
-                    [
-                        price(extra, canon, shape, dtype_bytes),
-                        price(extra, extra, shape, dtype_bytes),
-                    ],
-                ]
-            )
-        return direct
-
-
-# Threads that close networks while the planner's thread prices the next (Router.precompute).
-_WORKERS = max(1, min(4, os.cpu_count() or 1))
-# Networks of fewer states are closed in the planner's thread: on small arrays the
-# hand-over to a worker costs more than it saves (threshold tuned on the 70B plans, see
-# benchmarks/NOTES.md).
-_THREADED = 344
-
-
-def _assemble(
-    states: list[Placements],
-    direct: np.ndarray,
-    dist: np.ndarray,
-    arcs: np.ndarray,
-    one_move: np.ndarray,
-) -> Network:
-    a, b = np.nonzero(arcs)
-    return Network(tuple(states), dist, a, b, direct[a, b], one_move)

@@ -45,7 +45,7 @@ from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.core.graph import forward_part, layer_of
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
-from autoplan.cost.routes import Network
+from autoplan.cost.routes import Routes
 from autoplan.ilp.reductions.followers import FOLDED, FOLLOWED, Reduction
 from autoplan.memory.activations import activation_memory, cotangent_memory, storage_root
 from autoplan.memory.recompute import recompute_set
@@ -290,7 +290,8 @@ def _moded_route(
     that mode recomputes the node, and entry states that step free into any copy. Rows
     start in their mode's copy on a block diagonal edge, else at the entry states;
     columns end in their mode's copy."""
-    assert isinstance(e.net, Network) and e.row_state is not None and e.col_state is not None
+    assert isinstance(e.net, Routes) and not isinstance(e.net, ModeRoutes)
+    assert e.row_state is not None and e.col_state is not None
     key = (id(e.net), twice)
     if key not in memo:
         memo[key] = ModeRoutes(e.net, tuple(2.0 if t else 1.0 for t in twice))

@@ -18,13 +18,14 @@ import autoplan
 from autoplan.core.placements import Placements, fmt, parse
 from autoplan.core.topology import Topology
 from autoplan.core.torch_adapter import LocalTensorMode, Partial, Replicate, redistribute
-from autoplan.cost import routes as routes_module
+from autoplan.cost import router as routes_module
 from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.redistribute import RedistributeModel
-from autoplan.cost.routes import Network, Router, canonical
+from autoplan.cost.router import Router
+from autoplan.cost.routes import Network, canonical
 from autoplan.runtime.execute import collective_counts, flatten_mesh_groups
 from autoplan.tools.runfile import load_topology
 from tests.helpers.execution import placed
