@@ -31,7 +31,7 @@ from functools import partial
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-from autoplan.calibrate.settings import Settings
+from autoplan.calibrate.settings import TURN_NUMEL, Settings
 from autoplan.calibrate.timing import Clock
 
 __all__ = ["KINDS", "MATMUL_DTYPES", "ComputeSample", "measure_compute"]
@@ -43,9 +43,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _aten = torch.ops.aten
 _MAX_PAIRS = 4096
 """Operand pairs a small op cycles through: its calls still leave the per-core caches."""
-_TURN_NUMEL = 4**8
-"""Pointwise and reduction ops of at most this many elements are timed in the rotation
-of tiny ops: their dispatch is a sizable share of their time."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ def measure_compute(
         ]
         sums = _cycling(lambda a, _b: _aten.sum.default(a), pairs, 2)
         ops.append((("reduction", f"sum {numel}", "float32", 0, 4 * numel + 4), sums))
-        if numel <= _TURN_NUMEL:
+        if numel <= TURN_NUMEL:
             turns += ops
         else:
             for what, run in ops:

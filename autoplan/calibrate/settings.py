@@ -16,10 +16,14 @@ from typing import Any
 
 from autoplan.core.errors import PlanError
 
-__all__ = ["DEVICES", "Settings", "human_bytes"]
+__all__ = ["DEVICES", "TURN_NUMEL", "Settings", "human_bytes"]
 
 DEVICES = ("cpu", "cuda")
 MiB = 1 << 20
+TURN_NUMEL = 4**8
+"""Pointwise and reduction ops of at most this many elements are timed in the rotation
+of tiny ops (:mod:`autoplan.calibrate.compute`): their dispatch is a sizable share of
+their time."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ class Settings:
             f"(n = {self.matmul_n}); add, mul, sum at {len(self.pointwise_numels)} "
             f"sizes on operands cycling through {human_bytes(self.cold_bytes)}; causal "
             f"attention at {len(self.attention_shapes())} shapes; 7 tiny ops, 6 views and the "
-            f"smaller sums in turn; "
+            f"pointwise ops of at most {TURN_NUMEL // 1024} Ki elements in turn; "
             f"{self.compute_repeats} repeats each; a collective's arrival wait on every "
             f"group after {', '.join(map(str, self.sync_bursts()))} matmuls, "
             f"{self.sync_repeats} repeats"
