@@ -1,6 +1,6 @@
 """Lazy route networks: route prices found when asked, over the near moves alone.
 
-Stage 4, cost (built by :class:`~autoplan.cost.routes.Router` on meshes of four axes or
+Stage 4, cost (built by :class:`~autoplan.cost.router.Router` on meshes of four axes or
 more). Input: a network's states and its priced moves (the near moves of
 :mod:`autoplan.cost.near_moves` between its waypoints, and every move into and out of the
 edges' own placements). Output: a :class:`~autoplan.cost.routes.Routes` whose

@@ -1,6 +1,6 @@
 """Near moves: the direct moves a large route network prices, enumerated state by state.
 
-Stage 4, cost (called by :class:`~autoplan.cost.routes.Router` for meshes of four axes or
+Stage 4, cost (called by :class:`~autoplan.cost.router.Router` for meshes of four axes or
 more). Input: a tensor's per-axis placements (the options of
 :func:`~autoplan.cost.routes.canonical_axes`), whose product is the network's states in
 :func:`itertools.product` order. Output: the (source, target) state indices of every near
