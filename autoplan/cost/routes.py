@@ -188,6 +188,22 @@ class Network(Routes):
     def _move_mask(self) -> np.ndarray:
         return self.one_move if self.one_move is not None else super()._move_mask()
 
+    @cached_property
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The moves by state, ``(indptr, targets, prices)``: the moves out of ``u`` are
+        ``targets[indptr[u]:indptr[u + 1]]``, ascending, priced by their distance."""
+        src, dst = np.nonzero(self._moves)
+        indptr = np.zeros(self.size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=self.size), out=indptr[1:])
+        return indptr, dst, self.dist[src, dst]
+
+    def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # a walk asks for the moves of a few states out of hundreds: read them by state
+        indptr, targets, prices = self._adjacency
+        v = targets[indptr[u] : indptr[u + 1]]
+        keep = on[v]
+        return v[keep], prices[indptr[u] : indptr[u + 1]][keep]
+
 
 def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``dist`` with NaN where no route reaches, and the largest price still tight."""

@@ -19,6 +19,7 @@ the buckets it runs (:attr:`~autoplan.result.plan.Plan.estimated_step_us`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -103,20 +104,65 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return steps
-        out = []
-        for hop, (kind, axes, nbytes, us) in enumerate(steps):
-            if (where == "tail" or hop == 0) and (where, kind, axes) in self.open:
-                p, m = redist.span(axes)
-                # the launch: the time of the smallest message the group can move
-                launch = min(
-                    us, redist.collectives.time_us(kind, e.tensor.dtype_bytes * p * m, p, m)
-                )
-                share = min(1.0, nbytes / self.fill[where])
-                us -= (1.0 - share) * launch
-                in_bytes, out_bytes = member_bytes(kind, nbytes, p * m)
-                us += member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
-            out.append((kind, axes, nbytes, us))
+        return self._charged(where, e.tensor.dtype_bytes, redist, steps, {})
+
+    def savings(self, e: EdgeCost, redist: RedistributeModel) -> np.ndarray:
+        """Per cell of ``e.cost``, its price less its move's charge (:meth:`steps`): 0
+        where no step is of an open kind, and for a move that cannot run."""
+        out = np.zeros(e.cost.shape)
+        where = self.where(e) if self.open else ""
+        if not where or e.tensor is None:
+            return out
+        shape, dtype_bytes = e.tensor.shape, e.tensor.dtype_bytes
+        # Per edge, a route's hops repeat over its cells and the same steps over its
+        # hops: each is priced once, found by the placements' identity (hashing a
+        # DTensor placement runs Python).
+        hops: dict[tuple[int, int], list[Step]] = {}
+        charges: dict[Step, float] = {}
+        for r, c in zip(*np.nonzero(np.isfinite(e.cost) & (e.cost > 0)), strict=True):
+            steps: list[Step] = []
+            for a, b in itertools.pairwise(e.route(int(r), int(c))):
+                key = (id(a), id(b))
+                found = hops.get(key)
+                if found is None:
+                    found = hops[key] = redist.steps(a, b, shape, dtype_bytes) or []
+                steps.extend(found)
+            charged = self._charged(where, dtype_bytes, redist, steps, charges)
+            out[r, c] = sum(s[3] for s in steps) - sum(s[3] for s in charged)
         return out
+
+    def _charged(
+        self,
+        where: str,
+        dtype_bytes: int,
+        redist: RedistributeModel,
+        steps: list[Step],
+        charges: dict[Step, float],
+    ) -> list[Step]:
+        """``steps`` as a move at ``where`` is charged (:meth:`steps`); ``charges``
+        remembers each charged step's time for a caller pricing many moves alike."""
+        out = []
+        for hop, step in enumerate(steps):
+            kind, axes, nbytes, us = step
+            if (where == "tail" or hop == 0) and (where, kind, axes) in self.open:
+                charged = charges.get(step)
+                if charged is None:
+                    charged = charges[step] = self._charge(where, dtype_bytes, redist, step)
+                step = (kind, axes, nbytes, charged)
+            out.append(step)
+        return out
+
+    def _charge(self, where: str, dtype_bytes: int, redist: RedistributeModel, step: Step) -> float:
+        """One step's time as a member of its bucket at ``where``: less the share of its
+        launch the others pay, plus its part of the bucket's copies."""
+        kind, axes, nbytes, us = step
+        p, m = redist.span(axes)
+        # the launch: the time of the smallest message the group can move
+        launch = min(us, redist.collectives.time_us(kind, dtype_bytes * p * m, p, m))
+        share = min(1.0, nbytes / self.fill[where])
+        us -= (1.0 - share) * launch
+        in_bytes, out_bytes = member_bytes(kind, nbytes, p * m)
+        return us + member_copies_us(where, kind, in_bytes, out_bytes, self.compute, share)
 
 
 def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel) -> CostTable:
@@ -135,11 +181,6 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
         key = (id(e.cost), where)
         cost = done.get(key)
         if cost is None:
-            cost = e.cost.copy()
-            for r, c in zip(*np.nonzero(np.isfinite(e.cost) & (e.cost > 0)), strict=True):
-                plain = e.route_steps(redist, int(r), int(c))
-                charged = launch.steps(e, redist, int(r), int(c))
-                cost[r, c] -= sum(s[3] for s in plain) - sum(s[3] for s in charged)
-            done[key] = cost
+            cost = done[key] = e.cost - launch.savings(e, redist)
         edges.append(replace(e, cost=cost))
     return replace(costs, edges=tuple(edges))
