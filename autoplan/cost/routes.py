@@ -79,49 +79,56 @@ class Routes(ABC):
         return moves
 
     @cached_property
-    def _routes(self) -> dict[tuple[int, int], tuple[int, ...]]:
+    def _trees(self) -> dict[int, np.ndarray]:
         return {}
 
     def route(self, a: int, b: int) -> list[int]:
         """The states of a cheapest route from a to b with the fewest moves (direct moves
         included, see :class:`Network`'s ``one_move``), both ends included.
 
-        Found when asked (a plan asks for the routes of its chosen moves, a few hundred
-        distinct ones), not kept for every pair by the closure: tracking first hops would
-        slow every Floyd-Warshall pass for routes few pairs are asked for.
+        Found when asked, from the tree of routes out of ``a`` (:meth:`_tree`, kept per
+        source), not kept for every pair by the closure: tracking first hops would slow
+        every Floyd-Warshall pass for routes few sources are asked for.
         """
-        found = self._routes.get((a, b))
-        if found is None:
-            found = self._routes[a, b] = self._walk(a, b)
-        return list(found)
-
-    def _walk(self, a: int, b: int) -> tuple[int, ...]:
-        """Breadth-first over the moves that lie on a cheapest route from a to b: a move
-        u->v does when ``dist[a,u] + price + dist[v,b]`` is ``dist[a,b]``, and then every
-        path of such moves from a costs ``dist[a,b]`` on reaching b."""
-        from_a = self.distances(np.array([a]), None)[0]
-        to_b = self.distances(None, np.array([b]))[:, 0]
-        if not np.isfinite(from_a[b]):
-            raise ValueError(f"no route from state {a} to state {b}")
-        slack = from_a[b] * (1 + _TIGHT) + _TIGHT
-        on = from_a + to_b <= slack  # states some cheapest route passes
-        came = {a: a}
-        frontier = [a]
-        while frontier and b not in came:
-            reached = []
-            for u in frontier:
-                v, step = self._steps(u, on)
-                for x in v[from_a[u] + step + to_b[v] <= slack].tolist():
-                    if x not in came:
-                        came[x] = u
-                        reached.append(x)
-            frontier = reached
-        if b not in came:
+        parent = self._trees.get(a)
+        if parent is None:
+            parent = self._trees[a] = self._tree(a)
+        if parent[b] < 0:
+            if not np.isfinite(self.distances(np.array([a]), np.array([b]))[0, 0]):
+                raise ValueError(f"no route from state {a} to state {b}")
             raise ValueError(f"the network's moves do not reach state {b} from state {a}")
         path = [b]
         while path[-1] != a:
-            path.append(came[path[-1]])
-        return tuple(reversed(path))
+            path.append(int(parent[path[-1]]))
+        return path[::-1]
+
+    def _tree(self, a: int) -> np.ndarray:
+        """Per state, the state before it on its route from ``a`` (``a`` itself for ``a``,
+        -1 where no route reaches): breadth-first from ``a`` over the tight moves, those
+        u->v with ``dist[a,u] + price`` equal to ``dist[a,v]``, the first to reach a state
+        its parent.
+
+        Every path of tight moves is a cheapest route, and breadth-first reaches each state
+        by the fewest. A state on a cheapest route to b is reached by tight moves from
+        states on such routes alone, so b's route is the one a search kept to the states
+        on cheapest routes to b alone would find; one search serves every b.
+        """
+        from_a = self.distances(np.array([a]), None)[0]
+        limit = from_a * (1 + _TIGHT) + _TIGHT
+        reached = np.isfinite(from_a)
+        parent = np.full(self.size, -1, dtype=np.int64)
+        parent[a] = a
+        frontier = [a]
+        while frontier:
+            found = []
+            for u in frontier:
+                v, step = self._steps(u, reached)
+                v = v[from_a[u] + step <= limit[v]]
+                v = v[parent[v] < 0]
+                parent[v] = u
+                found.extend(v.tolist())
+            frontier = found
+        return parent
 
     def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The moves out of ``u`` into states ``on`` marks, and their prices: each move
