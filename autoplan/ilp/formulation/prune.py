@@ -54,7 +54,9 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
     return np.hstack(cols)
 
 
-def dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512) -> np.ndarray:
+def dominated(
+    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512, span: int = 256
+) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays).
 
     A repeated row goes at once, and only the distinct rows are compared: many rows of a
@@ -64,10 +66,10 @@ def dominated(f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512) 
     for i, row in enumerate(f):
         first.setdefault(row.tobytes(), i)
     if len(first) == len(f):
-        return _distinct_dominated(f, probe=probe, grid=grid, chunk=chunk)
+        return _distinct_dominated(f, probe=probe, grid=grid, chunk=chunk, span=span)
     keep = np.fromiter(first.values(), dtype=np.int64, count=len(first))
     out = np.ones(len(f), dtype=bool)  # a later copy of a row loses to the first
-    out[keep] = _distinct_dominated(f[keep], probe=probe, grid=grid, chunk=chunk)
+    out[keep] = _distinct_dominated(f[keep], probe=probe, grid=grid, chunk=chunk, span=span)
     return out
 
 
@@ -93,7 +95,7 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
 
 
 def _distinct_dominated(
-    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512
+    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512, span: int = 256
 ) -> np.ndarray:
     """:func:`dominated` by comparing rows pairwise.
 
@@ -122,11 +124,20 @@ def _distinct_dominated(
     for q in range(grid, len(cols)):
         ok = rank[q][i] <= rank[q][k]
         i, k = i[ok], k[ok]
+    # The rows lowest on the probe first: they are below the most others, and a row found
+    # dominated needs no second witness, so its pairs left are skipped.
+    order = np.argsort(rank.sum(axis=0, dtype=np.int64)[i], kind="stable")
+    i, k = i[order], k[order]
     out = np.zeros(n, dtype=bool)
     for start in range(0, len(i), chunk):
         a, b = i[start : start + chunk], k[start : start + chunk]
-        below = (f[a] <= f[b]).all(axis=1)
-        a, b = a[below], b[below]
+        open_ = ~out[b]
+        a, b = a[open_], b[open_]
+        for lo in range(0, width, span):  # most pairs fail early: a span of columns at a time
+            below = (f[a, lo : lo + span] <= f[b, lo : lo + span]).all(axis=1)
+            a, b = a[below], b[below]
+            if not len(a):
+                break
         same = (f[a] >= f[b]).all(axis=1)
         out[b[~same | (a < b)]] = True  # better, or equal and earlier
     return out

@@ -181,6 +181,20 @@ def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     np.testing.assert_array_equal(dominated(f, probe=16, grid=4, chunk=64), expected)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dominance_over_spans_of_columns_with_many_witnesses(seed):
+    """Rows compared a few columns at a time, and rows beaten by many others (whose pairs
+    are skipped once one beats them): the same rows go as by the full comparison."""
+    from autoplan.ilp.formulation.prune import dominated
+
+    rng = np.random.default_rng(seed)
+    base = rng.choice([0.0, 1.0, 2.0, 4.0, np.inf], (30, 50), p=[0.3, 0.3, 0.2, 0.1, 0.1])
+    f = np.vstack([base, base + rng.integers(0, 2, base.shape), base[::-1] + 1.0])
+    expected = _every_pair_dominated(f)
+    assert expected.sum() >= 30
+    np.testing.assert_array_equal(dominated(f, probe=6, grid=2, chunk=8, span=7), expected)
+
+
 def _brute_dominated(f: np.ndarray) -> np.ndarray:
     """Row j goes when another row is <= it everywhere, the first of equal rows staying."""
     n = len(f)
