@@ -205,7 +205,7 @@ class Network(Routes):
         return indptr, dst, self.dist[src, dst]
 
     def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # a walk asks for the moves of a few states out of hundreds: read them by state
+        # a search reads one state's moves at a time: by state, not by a row of the mask
         indptr, targets, prices = self._adjacency
         v = targets[indptr[u] : indptr[u + 1]]
         keep = on[v]
