@@ -33,7 +33,7 @@ from autoplan.core.topology import Topology
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
-from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.redistribute import RedistributeModel, Step
 from autoplan.cost.router import Router
 from autoplan.cost.routes import Routes
 from autoplan.strategies.table import StrategyTable, TensorInfo
@@ -75,18 +75,33 @@ class EdgeCost:
         )
 
     def route_steps(
-        self, redist: RedistributeModel, row: int, col: int
-    ) -> list[tuple[str, tuple[int, ...], float, float]]:
+        self,
+        redist: RedistributeModel,
+        row: int,
+        col: int,
+        hops: dict[tuple[int, int], list[Step]] | None = None,
+    ) -> list[Step]:
         """The priced collectives of the move from ``row`` to ``col``, hop after hop along
-        its route (:meth:`RedistributeModel.steps` of each hop)."""
+        its route (:meth:`RedistributeModel.steps` of each hop).
+
+        ``hops``, kept by a caller that asks for many cells of this edge, holds each hop's
+        steps by its placements' identity: routes repeat hops over their cells, and
+        finding a hop by its placements' hash runs Python's ``__hash__`` of DTensor's.
+        """
         if self.tensor is None:
             return []
         shape, nbytes = self.tensor.shape, self.tensor.dtype_bytes
-        return [
-            step
-            for a, b in itertools.pairwise(self.route(row, col))
-            for step in redist.steps(a, b, shape, nbytes) or ()
-        ]
+        out: list[Step] = []
+        for a, b in itertools.pairwise(self.route(row, col)):
+            if hops is None:
+                out += redist.steps(a, b, shape, nbytes) or ()
+                continue
+            key = (id(a), id(b))
+            found = hops.get(key)
+            if found is None:
+                found = hops[key] = list(redist.steps(a, b, shape, nbytes) or ())
+            out += found
+        return out
 
 
 @dataclass(frozen=True)

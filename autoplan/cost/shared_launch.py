@@ -19,7 +19,6 @@ the buckets it runs (:attr:`~autoplan.result.plan.Plan.estimated_step_us`).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -113,20 +112,13 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return out
-        shape, dtype_bytes = e.tensor.shape, e.tensor.dtype_bytes
+        dtype_bytes = e.tensor.dtype_bytes
         # Per edge, a route's hops repeat over its cells and the same steps over its
-        # hops: each is priced once, found by the placements' identity (hashing a
-        # DTensor placement runs Python).
+        # hops: each is priced once.
         hops: dict[tuple[int, int], list[Step]] = {}
         charges: dict[Step, float] = {}
         for r, c in zip(*np.nonzero(np.isfinite(e.cost) & (e.cost > 0)), strict=True):
-            steps: list[Step] = []
-            for a, b in itertools.pairwise(e.route(int(r), int(c))):
-                key = (id(a), id(b))
-                found = hops.get(key)
-                if found is None:
-                    found = hops[key] = redist.steps(a, b, shape, dtype_bytes) or []
-                steps.extend(found)
+            steps = e.route_steps(redist, int(r), int(c), hops)
             charged = self._charged(where, dtype_bytes, redist, steps, charges)
             out[r, c] = sum(s[3] for s in steps) - sum(s[3] for s in charged)
         return out
