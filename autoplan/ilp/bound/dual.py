@@ -48,21 +48,18 @@ import numpy as np
 
 from autoplan.ilp.bound.dual_layout import End, Visit, diagonal_blocks, flat, starts
 from autoplan.ilp.bound.dual_seed import seed_messages, warm_fits
-from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind
+from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind, find_root
 from autoplan.ilp.formulation.build import Warm
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.tolerances import (
     ASCENT_CONVERGED_REFINE,
     ASCENT_CONVERGED_SEARCH,
-    LAMBDA_FOUND,
 )
 
 # A run of sweeps stops once converged (tolerances.ASCENT_CONVERGED_*) or after this many
 # forward-and-backward pairs: a bound is valid wherever the sweeps stop.
 _MAX_SWEEPS = 200
-# The λ search stops once found (tolerances.LAMBDA_FOUND) or after this many secant steps.
-_LAMBDA_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -322,27 +319,11 @@ def _search_lam(st: _Ascent, enough: float = math.inf) -> int:
             best = (now, st.snapshot())
         return best_lam(st.p, st.theta, st.lam) - lam
 
-    a, ga = 0.0, best_lam(st.p, st.theta, st.lam)
-    b = ga
-    gb = g(b) if b > 0 else 0.0
-    for _ in range(_LAMBDA_STEPS):
-        if abs(gb) <= LAMBDA_FOUND * b or b == a or best[0] >= enough:
-            break
-        if st._past_deadline():
-            break
-        c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
-        if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
-            step = abs(b - a)
-            c = min(max(c, 0.0), b + 4.0 * step) if gb > 0 else max(c, 0.0)
-            a, ga, b = b, gb, c
-            gb = g(b)
-            continue
-        gc = g(c)
-        if gc * gb < 0:
-            a, ga = b, gb
-        else:
-            ga *= 0.5  # Illinois: keep the far end from stalling the secant
-        b, gb = c, gc
+    find_root(
+        g,
+        best_lam(st.p, st.theta, st.lam),
+        stop=lambda: best[0] >= enough or st._past_deadline(),
+    )
     st.restore(best[1])
     return sweeps
 

@@ -2,7 +2,9 @@
 
 Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem` and its classes'
 potentials at a multiplier λ (:mod:`autoplan.ilp.bound.dual`). Output: the λ >= 0 at
-which the dual bound, with every message held, is highest.
+which the dual bound, with every message held, is highest (:func:`best_lam`), and the
+steps of the search for the λ at which it is highest with the messages settled too
+(:func:`find_root`).
 
 Why its own module: it is the one step of the dual ascent that looks at the
 memory budget, and the only one whose work grows with the number of weight
@@ -15,21 +17,25 @@ the peak; the classes are laid end to end
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT
 from autoplan.ilp.formulation.problem import Problem
-from autoplan.ilp.tolerances import LAMBDA_BISECTED
+from autoplan.ilp.tolerances import LAMBDA_BISECTED, LAMBDA_FOUND
 
-__all__ = ["Knapsack", "best_lam", "budget_can_bind"]
+__all__ = ["Knapsack", "best_lam", "budget_can_bind", "find_root"]
 
 # The search for λ doubles from this first guess (µs per MiB; or from the λ held, when
 # larger) until the budget holds, and stops past _LAMBDA_MAX: memory outweighs every
 # price there, so a budget still exceeded is one no plan meets.
 _LAMBDA_START = 1e-6
 _LAMBDA_MAX = 1e15
+# The search for the bound's peak (find_root) stops once found (tolerances.LAMBDA_FOUND)
+# or after this many secant steps.
+_LAMBDA_STEPS = 20
 
 
 def budget_can_bind(p: Problem) -> bool:
@@ -67,6 +73,42 @@ def best_lam(p: Problem, theta: Mapping[str, np.ndarray], lam: float) -> float:
             break
     # the bound is concave in λ and its slope changes sign in [lo, hi]: take the better end
     return max((lo, hi), key=sack.value)
+
+
+def find_root(g: Callable[[float], float], g0: float, stop: Callable[[], bool]) -> None:
+    """Step ``g`` (the multiplier search's, positive below its root and negative above
+    it, but read with noise) toward its root from ``g(0) = g0``: secant steps, at most 4x
+    the last while the root is not bracketed, then the Illinois rule; ``stop`` ends the
+    search early. The caller keeps what the steps found."""
+    a, ga = 0.0, g0
+    b = ga
+    gb = g(b) if b > 0 else 0.0
+    # g > 0 at every λ up to lo and < 0 from hi on, as far as the steps have seen: g is
+    # found on messages converged only to a tolerance, so a secant through two nearby
+    # steps can point back past where g was already seen positive (to a λ whose bound is
+    # known low, and whose messages take as many sweeps as a cold start).
+    lo, hi = (b, math.inf) if gb > 0 else (0.0, b)
+    for _ in range(_LAMBDA_STEPS):
+        if abs(gb) <= LAMBDA_FOUND * b or b == a or stop():
+            break
+        c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
+        if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
+            step = abs(b - a)
+            c = min(max(c, 0.0), b + 4.0 * step) if gb > 0 else max(c, 0.0)
+        if not lo < c < hi:  # past what the steps have seen: a step on, or halve
+            c = lo + abs(b - a) if math.isinf(hi) else 0.5 * (lo + hi)
+        if ga * gb > 0:
+            a, ga, b = b, gb, c
+            gb = g(b)
+            lo, hi = (max(lo, b), hi) if gb > 0 else (lo, min(hi, b))
+            continue
+        gc = g(c)
+        lo, hi = (max(lo, c), hi) if gc > 0 else (lo, min(hi, c))
+        if gc * gb < 0:
+            a, ga = b, gb
+        else:
+            ga *= 0.5  # Illinois: keep the far end from stalling the secant
+        b, gb = c, gc
 
 
 class Knapsack:
