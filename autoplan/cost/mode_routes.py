@@ -70,18 +70,27 @@ class ModeRoutes(Routes):
         return self._arcs[2]
 
     def distances(self, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
+        """Filled block by block: the pairs no route joins (most of them) are never
+        priced, and the blocks a route joins are the one network's, scaled."""
         n = self.base.size
         every = np.arange(self.size)
         row_block, row_at = np.divmod(every if rows is None else np.asarray(rows), n)
         col_block, col_at = np.divmod(every if cols is None else np.asarray(cols), n)
-        scale = np.concatenate([[1.0], self.scales])[col_block]
-        out = self.base.distances(row_at, col_at) * scale
-        into_copy = col_block > 0
-        # into a copy: from the entry, or from inside the same copy
-        reach = (row_block[:, None] == 0) | (row_block[:, None] == col_block[None, :])
+        out = np.full((len(row_block), len(col_block)), np.inf)
+        entry = np.flatnonzero(row_block == 0)
         # into the entry: from the same entry state only, at no price
-        start = (row_block[:, None] == 0) & (row_at[:, None] == col_at[None, :])
-        return np.where(into_copy, np.where(reach, out, np.inf), np.where(start, 0.0, np.inf))
+        ends = np.flatnonzero(col_block == 0)
+        if len(entry) and len(ends):
+            same = row_at[entry][:, None] == col_at[ends][None, :]
+            out[np.ix_(entry, ends)] = np.where(same, 0.0, np.inf)
+        # into a copy: from the entry, or from inside the same copy
+        for k, scale in enumerate(self.scales):
+            ends = np.flatnonzero(col_block == k + 1)
+            starts = np.flatnonzero((row_block == 0) | (row_block == k + 1))
+            if len(ends) and len(starts):
+                block = self.base.distances(row_at[starts], col_at[ends]) * scale
+                out[np.ix_(starts, ends)] = block
+        return out
 
     def with_arcs(self, keep: np.ndarray) -> ModeRoutes:
         kept = np.ones(self._count, dtype=bool) if self.kept is None else self.kept.copy()
