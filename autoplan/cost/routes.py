@@ -90,9 +90,7 @@ class Routes(ABC):
         source), not kept for every pair by the closure: tracking first hops would slow
         every Floyd-Warshall pass for routes few sources are asked for.
         """
-        parent = self._trees.get(a)
-        if parent is None:
-            parent = self._trees[a] = self._tree(a)
+        parent = self.tree(a)
         if parent[b] < 0:
             if not np.isfinite(self.distances(np.array([a]), np.array([b]))[0, 0]):
                 raise ValueError(f"no route from state {a} to state {b}")
@@ -101,6 +99,14 @@ class Routes(ABC):
         while path[-1] != a:
             path.append(int(parent[path[-1]]))
         return path[::-1]
+
+    def tree(self, a: int) -> np.ndarray:
+        """Per state, the state before it on its route from ``a`` (:meth:`route`; ``a``
+        itself for ``a``, -1 where no route reaches), kept per source."""
+        parent = self._trees.get(a)
+        if parent is None:
+            parent = self._trees[a] = self._tree(a)
+        return parent
 
     def _tree(self, a: int) -> np.ndarray:
         """Per state, the state before it on its route from ``a`` (``a`` itself for ``a``,

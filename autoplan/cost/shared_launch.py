@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autoplan.core.placements import Placements
 from autoplan.cost.buckets import (
     GRAD_SLOT,
     Step,
@@ -36,6 +37,7 @@ from autoplan.cost.buckets import (
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import TANGENT_SLOT, CostTable, EdgeCost
 from autoplan.cost.redistribute import RedistributeModel
+from autoplan.cost.routes import Routes
 from autoplan.trace.capture import TracedGraph
 
 __all__ = ["BucketKind", "SharedLaunch", "open_costs"]
@@ -112,16 +114,21 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return out
-        dtype_bytes = e.tensor.dtype_bytes
-        # Per edge, a route's hops repeat over its cells and the same steps over its
-        # hops: each is priced once.
-        hops: dict[tuple[int, int], list[Step]] = {}
-        charges: dict[Step, float] = {}
-        for r, c in zip(*np.nonzero(np.isfinite(e.cost) & (e.cost > 0)), strict=True):
-            steps = e.route_steps(redist, int(r), int(c), hops)
-            charged = self._charged(where, dtype_bytes, redist, steps, charges)
-            out[r, c] = sum(s[3] for s in steps) - sum(s[3] for s in charged)
-        return out
+        cells = np.isfinite(e.cost) & (e.cost > 0)
+        walk = _Walk(self, where, e.tensor.shape, e.tensor.dtype_bytes, redist)
+        net, row_state, col_state = e.net, e.row_state, e.col_state
+        if net is None or row_state is None or col_state is None:
+            for r, c in zip(*np.nonzero(cells), strict=True):
+                us, charged, _ = walk.hop(_START, e.src_placements[r], e.dst_placements[c])
+                out[r, c] = us - charged
+            return out
+        # A cell's route is the path to its column's state in the tree of routes out of
+        # its row's state: the sums along a tree are shared by the routes through it.
+        for s in np.unique(row_state[cells.any(axis=1)]):
+            parent = net.tree(int(s))
+            sums = {int(s): _START}
+            out[row_state == s] = [walk.along(net, parent, sums, int(v)) for v in col_state]
+        return np.where(cells, out, 0.0)
 
     def _charged(
         self,
@@ -136,15 +143,21 @@ class SharedLaunch:
         out = []
         for hop, step in enumerate(steps):
             kind, axes, nbytes, us = step
-            if (where == "tail" or hop == 0) and (where, kind, axes) in self.open:
+            if self.shares(where, kind, axes, first=hop == 0):
                 charged = charges.get(step)
                 if charged is None:
-                    charged = charges[step] = self._charge(where, dtype_bytes, redist, step)
+                    charged = charges[step] = self.charge(where, dtype_bytes, redist, step)
                 step = (kind, axes, nbytes, charged)
             out.append(step)
         return out
 
-    def _charge(self, where: str, dtype_bytes: int, redist: RedistributeModel, step: Step) -> float:
+    def shares(self, where: str, kind: str, axes: tuple[int, ...], *, first: bool) -> bool:
+        """Whether a move at ``where`` shares a launch for this step of ``kind`` over
+        ``axes`` (``first``: its first collective): a head move's first step or any step of
+        a tail move, of an open kind."""
+        return (where == "tail" or first) and (where, kind, axes) in self.open
+
+    def charge(self, where: str, dtype_bytes: int, redist: RedistributeModel, step: Step) -> float:
         """One step's time as a member of its bucket at ``where``: less the share of its
         launch the others pay, plus its part of the bucket's copies."""
         kind, axes, nbytes, us = step
@@ -176,3 +189,64 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
             cost = done[key] = e.cost - launch.savings(e, redist)
         edges.append(replace(e, cost=cost))
     return replace(costs, edges=tuple(edges))
+
+
+# Along a route so far: its steps' times, their times as charged, whether it has a step.
+_Sums = tuple[float, float, bool]
+_START: _Sums = (0.0, 0.0, False)
+
+
+class _Walk:
+    """Sums a route's steps and their charges (:meth:`SharedLaunch._charged`) hop by hop,
+    each hop's steps priced once per pair of states."""
+
+    def __init__(
+        self,
+        launch: SharedLaunch,
+        where: str,
+        shape: tuple[int, ...],
+        dtype_bytes: int,
+        redist: RedistributeModel,
+    ) -> None:
+        self.launch, self.where, self.redist = launch, where, redist
+        self.shape, self.dtype_bytes = shape, dtype_bytes
+        self.hops: dict[tuple[int, int], list[Step]] = {}
+        self.charges: dict[Step, float] = {}
+
+    def hop(self, sums: _Sums, a: Placements, b: Placements) -> _Sums:
+        """``sums`` after the move from ``a`` to ``b``."""
+        key = (id(a), id(b))
+        steps = self.hops.get(key)
+        if steps is None:
+            steps = self.hops[key] = self.redist.steps(a, b, self.shape, self.dtype_bytes) or []
+        us, charged, stepped = sums
+        launch, where = self.launch, self.where
+        # the rule of SharedLaunch._charged, step after step along the route
+        for step in steps:
+            kind, axes, _, time = step
+            us += time
+            if launch.shares(where, kind, axes, first=not stepped):
+                found = self.charges.get(step)
+                if found is None:
+                    found = self.charges[step] = launch.charge(
+                        where, self.dtype_bytes, self.redist, step
+                    )
+                time = found
+            charged += time
+            stepped = True
+        return us, charged, stepped
+
+    def along(self, net: Routes, parent: np.ndarray, sums: dict[int, _Sums], v: int) -> float:
+        """The saving of the route to state ``v`` in the tree ``parent`` (0 where none
+        reaches); ``sums`` holds the tree's states summed so far, the root's first."""
+        if parent[v] < 0:
+            return 0.0
+        chain = []
+        while v not in sums:
+            chain.append(v)
+            v = int(parent[v])
+        for w in reversed(chain):
+            sums[w] = self.hop(sums[v], net.states[v], net.states[w])
+            v = w
+        us, charged, _ = sums[v]
+        return us - charged

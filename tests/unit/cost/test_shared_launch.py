@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+import autoplan
 from autoplan.core.torch_adapter import Partial, Replicate
 from autoplan.cost.buckets import GRAD_SLOT, copies_us
 from autoplan.cost.collectives import CollectiveModel
@@ -17,6 +18,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.price import price
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.shared_launch import SharedLaunch, open_costs
+from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.tools.runfile import load_topology
 from tests.helpers.paths import REPO
 from tests.helpers.priced import priced_tiny_llama
@@ -135,3 +137,31 @@ def test_with_the_device_priced_each_member_also_pays_its_part_of_the_copies(pri
         sizes.append(nbytes)
     expected = copies_us("tail", "all_reduce", sizes, sizes, compute)
     assert added == pytest.approx(expected, rel=1e-6)
+
+
+def test_routed_moves_are_charged_the_steps_of_their_routes():
+    """On edges priced by routes, every cell's opened price is what
+    :meth:`SharedLaunch.steps` charges its route, hop after hop: the first collective of
+    a head move, every open one of a tail move, including routes of several hops."""
+    traced, _, _, _ = priced_tiny_llama(1, (2, 2), routes=True)
+    table = enumerate_strategies(traced, autoplan.fake_mesh((2, 2), ("dp", "tp")))
+    costs = price(table, traced, CALIBRATED, routes=True)
+    redist = RedistributeModel(table.mesh_shape, CollectiveModel(CALIBRATED))
+    kinds = [
+        (where, kind, axes)
+        for where in ("head", "tail")
+        for kind in ("all_gather", "all_reduce", "reduce_scatter")
+        for axes in ((0,), (1,), (0, 1))
+    ]
+    launch = SharedLaunch.of(traced, costs, kinds, 2**16, FREE_COPIES)
+    opened = open_costs(costs, launch, redist)
+    saved_on_long_routes = 0
+    for e, o in zip(costs.edges, opened.edges, strict=True):
+        if e.net is None or e.tensor is None or not launch.where(e):
+            continue
+        for r, c in zip(*np.nonzero(np.isfinite(e.cost)), strict=True):
+            steps = launch.steps(e, redist, int(r), int(c))
+            assert math.isclose(sum(s[3] for s in steps), o.cost[r, c], rel_tol=1e-9, abs_tol=1e-9)
+            hops = len(e.route(int(r), int(c))) - 1
+            saved_on_long_routes += hops > 1 and o.cost[r, c] < e.cost[r, c]
+    assert saved_on_long_routes > 0
