@@ -127,7 +127,8 @@ def _uniform(problem: PricedProblem, mode: str | Mapping[str, str], costs: CostT
         if problem.config.collapse_followers
         else Reduction.unreduced(costs)
     )
-    key = mode if isinstance(mode, str) else None
+    # a mode per layer (the bucket search keeps auto's) is kept as its sorted pairs
+    key = mode if isinstance(mode, str) else ("layers", *sorted(mode.items()))
     return _Reduced(reduction, problem.allowed, costs, _label(mode), key=key)
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -78,6 +79,38 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
     assert reused.objective_us == again.objective_us
     assert reused.node_placements == again.node_placements
     assert reused.memory_breakdown == again.memory_breakdown
+
+
+def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(monkeypatch):
+    """The bucket search solves with auto's mode per layer kept; that plan's transient
+    re-solve moves the ILP those modes built, as a uniform mode's does, to the plan of
+    an ILP built anew."""
+    from autoplan.planner import solve_mode as solve_stage
+
+    free = plan_llama((4,))
+    budget = 0.7 * sum(free.memory_breakdown[k] for k in COUNTED)
+    config = autoplan.PlanConfig(memory_budget_gib=budget / 2**30, activation_memory=True)
+    modes = {"layers.0": "none", "layers.1": "selective"}
+    built = []
+    build = solve_stage.build_ilp
+    monkeypatch.setattr(solve_stage, "build_ilp", lambda *a, **k: built.append(1) or build(*a, **k))
+    tokens = torch.randint(0, 128, (BATCH, SEQ))
+    with torch.device("meta"):
+        meta = Transformer(tiny(2))
+    mesh = autoplan.fake_mesh((4,), ("dp",))
+    with front_end(meta, lambda: tokens, mesh, config=config, input_placements="S(0)") as problem:
+        base = _plan_fields(problem.traced, problem.table, config, {})
+        first = solve_mode(problem, modes, base, _untimed)
+        reserve = budget - 0.9 * first.memory_bytes  # a budget first does not meet
+        again = solve_mode(problem, modes, base, _untimed, reserve=reserve)
+        assert len(built) == 1
+        fresh = solve_mode(replace(problem, built={}), modes, base, _untimed, reserve=reserve)
+    assert len(built) == 2
+    assert again.status == fresh.status == "optimal" and first.status == "optimal"
+    assert again.memory_bytes <= budget - reserve < first.memory_bytes
+    assert again.objective_us == fresh.objective_us
+    assert again.node_placements == fresh.node_placements
+    assert again.checkpointing == fresh.checkpointing == modes
 
 
 def _memory_check(table: str) -> list[dict]:
