@@ -150,9 +150,10 @@ class LazyNetwork(Routes):
         at = np.arange(1, len(self.arc_src) + 1)
         return csr_array((at, (self.arc_src, self.arc_dst)), shape=(self.size, self.size))
 
-    def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The arcs out of ``u`` into states ``on`` marks, and their own prices (an arc
-        here need not be a cheapest route between its ends)."""
-        row = slice(self._out.indptr[u], self._out.indptr[u + 1])
-        v, arc = self._out.indices[row], self._out.data[row] - 1
-        return v[on[v]], self.arc_cost[arc[on[v]]]
+    @cached_property
+    def _move_list(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The arcs by source state and their own prices (an arc here need not be a
+        cheapest route between its ends)."""
+        out = self._out
+        src = np.repeat(np.arange(self.size), np.diff(out.indptr))
+        return src, out.indices, self.arc_cost[out.data - 1]

@@ -124,17 +124,43 @@ class Routes(ABC):
         reached = np.isfinite(from_a)
         parent = np.full(self.size, -1, dtype=np.int64)
         parent[a] = a
-        frontier = [a]
-        while frontier:
-            found = []
-            for u in frontier:
-                v, step = self._steps(u, reached)
-                v = v[from_a[u] + step <= limit[v]]
-                v = v[parent[v] < 0]
-                parent[v] = u
-                found.extend(v.tolist())
-            frontier = found
+        moves = self._move_list
+        if moves is None:
+            frontier = [a]
+            while frontier:
+                found = []
+                for u in frontier:
+                    v, step = self._steps(u, reached)
+                    v = v[from_a[u] + step <= limit[v]]
+                    v = v[parent[v] < 0]
+                    parent[v] = u
+                    found.extend(v.tolist())
+                frontier = found
+            return parent
+        # The same search a level at a time: a level's states in the order found, each
+        # state's moves in list order, a state's parent the first of them to reach it.
+        src, dst, price = moves
+        tight = reached[dst] & (from_a[src] + price <= limit[dst])
+        src, dst = src[tight], dst[tight]
+        at = np.full(self.size, -1, dtype=np.int64)  # a frontier state's place in it
+        level = np.array([a], dtype=np.int64)
+        while level.size:
+            at[level] = np.arange(level.size)
+            take = np.flatnonzero((at[src] >= 0) & (parent[dst] < 0))
+            take = take[np.argsort(at[src[take]], kind="stable")]
+            at[level] = -1
+            _, first = np.unique(dst[take], return_index=True)
+            take = take[np.sort(first)]
+            parent[dst[take]] = src[take]
+            level = dst[take]
         return parent
+
+    @cached_property
+    def _move_list(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every move a route may take, ``(from, to, price)``, by source state and, for
+        each, in the order :meth:`_steps` lists them; None where listing them all would
+        price more than the searches ask (the search then reads a state at a time)."""
+        return None
 
     def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The moves out of ``u`` into states ``on`` marks, and their prices: each move
@@ -202,20 +228,9 @@ class Network(Routes):
         return self.one_move if self.one_move is not None else super()._move_mask()
 
     @cached_property
-    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The moves by state, ``(indptr, targets, prices)``: the moves out of ``u`` are
-        ``targets[indptr[u]:indptr[u + 1]]``, ascending, priced by their distance."""
-        src, dst = np.nonzero(self._moves)
-        indptr = np.zeros(self.size + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=self.size), out=indptr[1:])
-        return indptr, dst, self.dist[src, dst]
-
-    def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # a search reads one state's moves at a time: by state, not by a row of the mask
-        indptr, targets, prices = self._adjacency
-        v = targets[indptr[u] : indptr[u + 1]]
-        keep = on[v]
-        return v[keep], prices[indptr[u] : indptr[u + 1]][keep]
+    def _move_list(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        src, dst = np.nonzero(self._moves)  # by state, then ascending: _steps's order
+        return src, dst, self.dist[src, dst]
 
 
 def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ from autoplan.cost import router as routes_module
 from autoplan.cost.closure import closure, route_arcs
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
+from autoplan.cost.lazy_routes import LazyNetwork
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.router import Router
@@ -349,3 +350,47 @@ def _moves(net: Network) -> set[tuple[Placements, Placements, float]]:
         (net.states[a], net.states[b], float(c))
         for a, b, c in zip(net.arc_src, net.arc_dst, net.arc_cost, strict=True)
     }
+
+
+def _first_found_tree(a: int, n: int, moves: list[tuple[int, int, float]], dist_a: np.ndarray):
+    """A plain breadth-first search from ``a`` over the tight moves (``moves`` by source
+    state, then ascending), a state's parent the first state to reach it."""
+    parent = [-1] * n
+    parent[a] = a
+    frontier = [a]
+    while frontier:
+        found = []
+        for u in frontier:
+            for x, v, price in moves:
+                tight = dist_a[u] + price <= dist_a[v] * (1 + 1e-9) + 1e-9
+                if x == u and math.isfinite(dist_a[v]) and tight and parent[v] < 0:
+                    parent[v] = u
+                    found.append(v)
+        frontier = found
+    return parent
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_tree_of_routes_is_the_first_found_one_on_dense_and_lazy_networks(seed):
+    """Many equal-priced routes (prices of a few values, free moves): the tree of routes
+    out of every state is the one a plain search finds taking moves in order, on a
+    network with every one-move route, one with the needed moves alone, and a lazy one
+    over the same moves with their own prices."""
+    n = 12
+    direct = _random_direct(seed, n, free=0.3)
+    dist = closure(direct)
+    arcs = route_arcs(direct, dist)
+    arc_src, arc_dst = np.nonzero(arcs)
+    one_move = np.isfinite(direct) & (direct <= dist) & ~np.eye(n, dtype=bool)
+    states = tuple(range(n))
+    full = Network(states, dist, arc_src, arc_dst, direct[arc_src, arc_dst], one_move)
+    lean = Network(states, dist, arc_src, arc_dst, direct[arc_src, arc_dst])
+    order = np.random.default_rng(seed).permutation(len(arc_src))  # arcs in any order
+    lazy = LazyNetwork.of(states, arc_src[order], arc_dst[order], direct[arc_src, arc_dst][order])
+    for net, mask, prices in ((full, one_move, dist), (lean, arcs, dist), (lazy, arcs, direct)):
+        moves = [
+            (int(u), int(v), float(prices[u, v])) for u, v in zip(*np.nonzero(mask), strict=True)
+        ]
+        for a in range(n):
+            dist_a = net.distances(np.array([a]), None)[0]
+            assert net.tree(a).tolist() == _first_found_tree(a, n, moves, dist_a)
