@@ -74,33 +74,15 @@ class EdgeCost:
             + [self.dst_placements[col]]
         )
 
-    def route_steps(
-        self,
-        redist: RedistributeModel,
-        row: int,
-        col: int,
-        hops: dict[tuple[int, int], list[Step]] | None = None,
-    ) -> list[Step]:
+    def route_steps(self, redist: RedistributeModel, row: int, col: int) -> list[Step]:
         """The priced collectives of the move from ``row`` to ``col``, hop after hop along
-        its route (:meth:`RedistributeModel.steps` of each hop).
-
-        ``hops``, kept by a caller that asks for many cells of this edge, holds each hop's
-        steps by its placements' identity: routes repeat hops over their cells, and
-        finding a hop by its placements' hash runs Python's ``__hash__`` of DTensor's.
-        """
+        its route (:meth:`RedistributeModel.steps` of each hop)."""
         if self.tensor is None:
             return []
         shape, nbytes = self.tensor.shape, self.tensor.dtype_bytes
         out: list[Step] = []
         for a, b in itertools.pairwise(self.route(row, col)):
-            if hops is None:
-                out += redist.steps(a, b, shape, nbytes) or ()
-                continue
-            key = (id(a), id(b))
-            found = hops.get(key)
-            if found is None:
-                found = hops[key] = list(redist.steps(a, b, shape, nbytes) or ())
-            out += found
+            out += redist.steps(a, b, shape, nbytes) or ()
         return out
 
 

@@ -128,6 +128,12 @@ class RedistributeModel:
             tuple[Placements, Placements, tuple[int, ...], int], list[Step] | None
         ] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
+        # The steps found by the placements' identity first: hashing a placement tuple
+        # runs DTensor's __hash__ in Python, and callers ask again with one object. An
+        # entry holds its placements, so their ids stay theirs while it is kept.
+        self._steps_by_id: dict[
+            tuple[int, int, tuple[int, ...], int], tuple[Placements, Placements, list[Step] | None]
+        ] = {}
 
     def span(self, axes: tuple[int, ...]) -> tuple[int, int]:
         """(ranks per node, nodes) of the process group over mesh ``axes``."""
@@ -152,8 +158,13 @@ class RedistributeModel:
     ) -> list[Step] | None:
         """The priced collectives ``[(kind, axes, bytes, us), ...]``, None if impossible;
         remembered per move (the list is shared: read it, do not change it)."""
+        fast = (id(src), id(dst), shape, dtype_bytes)
+        hit = self._steps_by_id.get(fast)
+        if hit is not None and hit[0] is src and hit[1] is dst:
+            return hit[2]
         key = (src, dst, shape, dtype_bytes)
         if key in self._steps:
+            self._steps_by_id[fast] = (src, dst, self._steps[key])
             return self._steps[key]
         found = moves(*encode(src, dst), shape, self.mesh_shape)
         out: list[Step] | None = None
@@ -167,6 +178,7 @@ class RedistributeModel:
                     (kind, axes, float(nbytes), self.collectives.time_us(kind, nbytes, p, m))
                 )
         self._steps[key] = out
+        self._steps_by_id[fast] = (src, dst, out)
         return out
 
     def _price(

@@ -124,11 +124,12 @@ class SharedLaunch:
             return out
         # A cell's route is the path to its column's state in the tree of routes out of
         # its row's state: the sums along a tree are shared by the routes through it.
-        for s in np.unique(row_state[cells.any(axis=1)]):
-            parent = net.tree(int(s))
-            sums = {int(s): _START}
-            out[row_state == s] = [walk.along(net, parent, sums, int(v)) for v in col_state]
-        return np.where(cells, out, 0.0)
+        sources = np.unique(row_state[cells.any(axis=1)])
+        if not len(sources):
+            return out
+        saved = walk.trees(net, sources)
+        at = np.minimum(np.searchsorted(sources, row_state), len(sources) - 1)
+        return np.where(cells, saved[np.ix_(at, col_state)], 0.0)
 
     def _charged(
         self,
@@ -198,7 +199,7 @@ _START: _Sums = (0.0, 0.0, False)
 
 class _Walk:
     """Sums a route's steps and their charges (:meth:`SharedLaunch._charged`) hop by hop,
-    each hop's steps priced once per pair of states."""
+    each step charged once."""
 
     def __init__(
         self,
@@ -210,43 +211,80 @@ class _Walk:
     ) -> None:
         self.launch, self.where, self.redist = launch, where, redist
         self.shape, self.dtype_bytes = shape, dtype_bytes
-        self.hops: dict[tuple[int, int], list[Step]] = {}
         self.charges: dict[Step, float] = {}
+
+    def steps(self, a: Placements, b: Placements) -> list[Step]:
+        """The steps of the move from ``a`` to ``b`` (none for one that cannot run)."""
+        return self.redist.steps(a, b, self.shape, self.dtype_bytes) or []
+
+    def charged(self, step: Step, *, first: bool) -> float:
+        """``step``'s time as a move is charged for it (``first``: the move's first)."""
+        kind, axes, _, time = step
+        if not self.launch.shares(self.where, kind, axes, first=first):
+            return time
+        found = self.charges.get(step)
+        if found is None:
+            found = self.charges[step] = self.launch.charge(
+                self.where, self.dtype_bytes, self.redist, step
+            )
+        return found
 
     def hop(self, sums: _Sums, a: Placements, b: Placements) -> _Sums:
         """``sums`` after the move from ``a`` to ``b``."""
-        key = (id(a), id(b))
-        steps = self.hops.get(key)
-        if steps is None:
-            steps = self.hops[key] = self.redist.steps(a, b, self.shape, self.dtype_bytes) or []
         us, charged, stepped = sums
-        launch, where = self.launch, self.where
-        # the rule of SharedLaunch._charged, step after step along the route
-        for step in steps:
-            kind, axes, _, time = step
-            us += time
-            if launch.shares(where, kind, axes, first=not stepped):
-                found = self.charges.get(step)
-                if found is None:
-                    found = self.charges[step] = launch.charge(
-                        where, self.dtype_bytes, self.redist, step
-                    )
-                time = found
-            charged += time
+        for step in self.steps(a, b):  # the rule of SharedLaunch._charged, step by step
+            us += step[3]
+            charged += self.charged(step, first=not stepped)
             stepped = True
         return us, charged, stepped
 
-    def along(self, net: Routes, parent: np.ndarray, sums: dict[int, _Sums], v: int) -> float:
-        """The saving of the route to state ``v`` in the tree ``parent`` (0 where none
-        reaches); ``sums`` holds the tree's states summed so far, the root's first."""
-        if parent[v] < 0:
-            return 0.0
-        chain = []
-        while v not in sums:
-            chain.append(v)
-            v = int(parent[v])
-        for w in reversed(chain):
-            sums[w] = self.hop(sums[v], net.states[v], net.states[w])
-            v = w
-        us, charged, _ = sums[v]
+    def trees(self, net: Routes, sources: np.ndarray) -> np.ndarray:
+        """Per source state and state, the saving of the route between them (0 where none
+        reaches): the sums of :meth:`hop` down each source's tree of routes, a level at a
+        time, adding each hop's steps in their order (the same sums, to the bit)."""
+        parent = np.stack([net.tree(int(s)) for s in sources])
+        rows = np.arange(len(sources))[:, None]
+        below = (parent >= 0) & (parent != np.arange(net.size))  # in a tree, not its root
+        depth = np.zeros(parent.shape, dtype=np.int64)
+        up, climbing = np.broadcast_to(np.arange(net.size), parent.shape).copy(), below
+        while climbing.any():
+            depth += climbing
+            up = np.where(climbing, parent[rows, np.maximum(up, 0)], up)
+            climbing = climbing & (up != sources[:, None])
+        time, first, later, count = self._hops(net, parent[below], np.nonzero(below)[1])
+        hop = np.zeros(parent.shape, dtype=np.int64)
+        hop[below] = np.arange(int(below.sum()))
+        us, charged = np.zeros(parent.shape), np.zeros(parent.shape)
+        stepped = np.zeros(parent.shape, dtype=bool)
+        for level in range(1, int(depth.max()) + 1):
+            r, v = np.nonzero(depth == level)
+            u, h = parent[r, v], hop[r, v]
+            a, c, done = us[r, u], charged[r, u], stepped[r, u]
+            for k in range(time.shape[0]):
+                has = count[h] > k
+                a = np.where(has, a + time[k, h], a)
+                paid = np.where(done, later[k, h], first[k, h])
+                c = np.where(has, c + paid, c)
+                done = done | has
+            us[r, v], charged[r, v], stepped[r, v] = a, c, done
         return us - charged
+
+    def _hops(
+        self, net: Routes, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The steps of the hops ``src -> dst`` (states of ``net``), as (step, hop) arrays
+        of their times and charges, as a route's first step or a later one, and each
+        hop's number of steps."""
+        pairs, back = np.unique(src * net.size + dst, return_inverse=True)
+        found = []
+        for pair in pairs.tolist():
+            found.append(self.steps(net.states[pair // net.size], net.states[pair % net.size]))
+        width = max((len(f) for f in found), default=0)
+        time, first, later = np.zeros((3, width, len(pairs)))
+        for i, steps in enumerate(found):
+            for k, step in enumerate(steps):
+                time[k, i] = step[3]
+                first[k, i] = self.charged(step, first=k == 0)
+                later[k, i] = self.charged(step, first=False)
+        count = np.array([len(f) for f in found], dtype=np.int64)
+        return time[:, back], first[:, back], later[:, back], count[back]
