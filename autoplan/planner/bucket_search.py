@@ -91,7 +91,11 @@ def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) ->
     launch = SharedLaunch.of(problem.traced, problem.costs, kinds, cap, compute)
     redist = RedistributeModel(problem.table.mesh_shape, CollectiveModel(problem.config.topology))
     return replace(
-        problem, costs=open_costs(problem.costs, launch, redist), launch=launch, built={}
+        problem,
+        costs=open_costs(problem.costs, launch, redist),
+        launch=launch,
+        built={},
+        reductions={},
     )
 
 

@@ -16,6 +16,7 @@ import functools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,9 @@ class PricedProblem:
     built: dict[Hashable, tuple[IlpModel, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # each mode's recomputation and reduced table (autoplan.planner.solve_mode), for its
+    # solves again under a smaller budget
+    reductions: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
     clock: SolveClock = field(default_factory=SolveClock, compare=False, repr=False)
 
     @functools.cached_property

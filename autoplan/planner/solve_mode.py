@@ -55,16 +55,22 @@ def solve_mode(
     if mode == "auto":
         return _solve_auto(problem, base, timed, reserve=reserve)
     traced, table, config = problem.traced, problem.table, problem.config
-    done = timed("recompute")
-    recompute = recompute_set(traced, mode)
-    costs, stepped = checkpointed(
-        traced, table, problem.costs, recompute, counted=config.counts_activations
-    )
-    done()
+    key = _key(mode)
+    kept = problem.reductions.get(key)
+    if kept is None:  # a re-solve under a smaller budget reduces the same table
+        done = timed("recompute")
+        recompute = recompute_set(traced, mode)
+        costs, stepped = checkpointed(
+            traced, table, problem.costs, recompute, counted=config.counts_activations
+        )
+        done()
+        done = timed("ilp_build")
+        reduced = _uniform(problem, mode, costs)
+        done()
+        kept = problem.reductions[key] = (recompute, stepped, reduced)
+    recompute, stepped, reduced = kept
+    costs = reduced.plain
     base = _with_modes(base, traced, recompute, mode)
-    done = timed("ilp_build")
-    reduced = _uniform(problem, mode, costs)
-    done()
     found = _solve_reduced(problem, reduced, base, timed, reserve)
     if not isinstance(found, tuple):
         return found
@@ -127,9 +133,13 @@ def _uniform(problem: PricedProblem, mode: str | Mapping[str, str], costs: CostT
         if problem.config.collapse_followers
         else Reduction.unreduced(costs)
     )
-    # a mode per layer (the bucket search keeps auto's) is kept as its sorted pairs
-    key = mode if isinstance(mode, str) else ("layers", *sorted(mode.items()))
-    return _Reduced(reduction, problem.allowed, costs, _label(mode), key=key)
+    return _Reduced(reduction, problem.allowed, costs, _label(mode), key=_key(mode))
+
+
+def _key(mode: str | Mapping[str, str]) -> Hashable:
+    """Where a mode's reduction and built ILP are kept: a mode per layer (the bucket
+    search keeps auto's) by its sorted pairs."""
+    return mode if isinstance(mode, str) else ("layers", *sorted(mode.items()))
 
 
 def _auto(problem: PricedProblem) -> _Reduced:

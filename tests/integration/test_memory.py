@@ -83,8 +83,8 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
 
 def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(monkeypatch):
     """The bucket search solves with auto's mode per layer kept; that plan's transient
-    re-solve moves the ILP those modes built, as a uniform mode's does, to the plan of
-    an ILP built anew."""
+    re-solve reuses the reduced table and moves the ILP those modes built, as a uniform
+    mode's does, to the plan of an ILP built anew."""
     from autoplan.planner import solve_mode as solve_stage
 
     free = plan_llama((4,))
@@ -94,6 +94,11 @@ def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(mon
     built = []
     build = solve_stage.build_ilp
     monkeypatch.setattr(solve_stage, "build_ilp", lambda *a, **k: built.append(1) or build(*a, **k))
+    reduced = []
+    collapse = solve_stage.collapse_followers
+    monkeypatch.setattr(
+        solve_stage, "collapse_followers", lambda *a, **k: reduced.append(1) or collapse(*a, **k)
+    )
     tokens = torch.randint(0, 128, (BATCH, SEQ))
     with torch.device("meta"):
         meta = Transformer(tiny(2))
@@ -103,9 +108,11 @@ def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(mon
         first = solve_mode(problem, modes, base, _untimed)
         reserve = budget - 0.9 * first.memory_bytes  # a budget first does not meet
         again = solve_mode(problem, modes, base, _untimed, reserve=reserve)
-        assert len(built) == 1
-        fresh = solve_mode(replace(problem, built={}), modes, base, _untimed, reserve=reserve)
-    assert len(built) == 2
+        assert len(built) == len(reduced) == 1
+        fresh = solve_mode(
+            replace(problem, built={}, reductions={}), modes, base, _untimed, reserve=reserve
+        )
+    assert len(built) == len(reduced) == 2
     assert again.status == fresh.status == "optimal" and first.status == "optimal"
     assert again.memory_bytes <= budget - reserve < first.memory_bytes
     assert again.objective_us == fresh.objective_us
