@@ -105,7 +105,7 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return steps
-        return self._charged(where, e.tensor.dtype_bytes, redist, steps, {})
+        return self._charged(where, e.tensor.dtype_bytes, redist, steps)
 
     def savings(self, e: EdgeCost, redist: RedistributeModel) -> np.ndarray:
         """Per cell of ``e.cost``, its price less its move's charge (:meth:`steps`): 0
@@ -132,23 +132,14 @@ class SharedLaunch:
         return np.where(cells, saved[np.ix_(at, col_state)], 0.0)
 
     def _charged(
-        self,
-        where: str,
-        dtype_bytes: int,
-        redist: RedistributeModel,
-        steps: list[Step],
-        charges: dict[Step, float],
+        self, where: str, dtype_bytes: int, redist: RedistributeModel, steps: list[Step]
     ) -> list[Step]:
-        """``steps`` as a move at ``where`` is charged (:meth:`steps`); ``charges``
-        remembers each charged step's time for a caller pricing many moves alike."""
+        """``steps`` as a move at ``where`` is charged (:meth:`steps`)."""
         out = []
         for hop, step in enumerate(steps):
-            kind, axes, nbytes, us = step
+            kind, axes, nbytes, _ = step
             if self.shares(where, kind, axes, first=hop == 0):
-                charged = charges.get(step)
-                if charged is None:
-                    charged = charges[step] = self.charge(where, dtype_bytes, redist, step)
-                step = (kind, axes, nbytes, charged)
+                step = (kind, axes, nbytes, self.charge(where, dtype_bytes, redist, step))
             out.append(step)
         return out
 
