@@ -92,9 +92,8 @@ def find_root(g: Callable[[float], float], g0: float, stop: Callable[[], bool]) 
         if abs(gb) <= LAMBDA_FOUND * b or b == a or stop():
             break
         c = b - gb * (b - a) / (gb - ga) if gb != ga else b + gb
-        if ga * gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
-            step = abs(b - a)
-            c = min(max(c, 0.0), b + 4.0 * step) if gb > 0 else max(c, 0.0)
+        if ga * gb > 0 and gb > 0:  # not bracketed yet: extrapolate, at most 4x the last step
+            c = min(c, b + 4.0 * abs(b - a))
         if not lo < c < hi:  # past what the steps have seen: a step on, or halve
             c = lo + abs(b - a) if math.isinf(hi) else 0.5 * (lo + hi)
         if ga * gb > 0:
