@@ -157,9 +157,10 @@ class Routes(ABC):
 
     @cached_property
     def _move_list(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Every move a route may take, ``(from, to, price)``, by source state and, for
-        each, in the order :meth:`_steps` lists them; None where listing them all would
-        price more than the searches ask (the search then reads a state at a time)."""
+        """Every move a route may take, ``(from, to, price)``, by source state, each
+        state's moves in one fixed order (a state's parent in a tree is the first state
+        whose tight move reaches it); None where listing them all would price more than
+        the searches ask (the search then reads a state at a time, :meth:`_steps`)."""
         return None
 
     def _steps(self, u: int, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -229,7 +230,7 @@ class Network(Routes):
 
     @cached_property
     def _move_list(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        src, dst = np.nonzero(self._moves)  # by state, then ascending: _steps's order
+        src, dst = np.nonzero(self._moves)  # by state, then ascending
         return src, dst, self.dist[src, dst]
 
 

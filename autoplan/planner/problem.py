@@ -4,7 +4,7 @@ Input: what :func:`~autoplan.planner.front_end.front_end` made (the rewritten gr
 strategy table and cost table, the config, the constraint masks). Output: a
 :class:`PricedProblem` that :mod:`autoplan.planner.solve_mode` solves per mode and
 :mod:`autoplan.planner.transient` again under a smaller budget, keeping each mode's
-built ILP and ``auto``'s mode table for the re-solve; :class:`SolveClock`, the user's
+reduced table and built ILP and ``auto``'s mode table for the re-solve; :class:`SolveClock`, the user's
 time limit over all of one plan's solves.
 
 Why apart: the front end makes it and the solve stages read it; neither imports the other.
