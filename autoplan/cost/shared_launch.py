@@ -127,9 +127,11 @@ class SharedLaunch:
         sources = np.unique(row_state[cells.any(axis=1)])
         if not len(sources):
             return out
-        saved = walk.trees(net, sources)
-        at = np.minimum(np.searchsorted(sources, row_state), len(sources) - 1)
-        return np.where(cells, saved[np.ix_(at, col_state)], 0.0)
+        for part in np.array_split(sources, -(-len(sources) // _SOURCES_AT_ONCE)):
+            saved = walk.trees(net, part)
+            rows = np.flatnonzero(np.isin(row_state, part))
+            out[rows] = saved[np.ix_(np.searchsorted(part, row_state[rows]), col_state)]
+        return np.where(cells, out, 0.0)
 
     def _charged(
         self, where: str, dtype_bytes: int, redist: RedistributeModel, steps: list[Step]
@@ -183,6 +185,8 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
     return replace(costs, edges=tuple(edges))
 
 
+# Sources whose trees of routes are summed together: their arrays are sources x states.
+_SOURCES_AT_ONCE = 256
 # Along a route so far: its steps' times, their times as charged, whether it has a step.
 _Sums = tuple[float, float, bool]
 _START: _Sums = (0.0, 0.0, False)
@@ -242,9 +246,9 @@ class _Walk:
             depth += climbing
             up = np.where(climbing, parent[rows, np.maximum(up, 0)], up)
             climbing = climbing & (up != sources[:, None])
-        time, first, later, count = self._hops(net, parent[below], np.nonzero(below)[1])
-        hop = np.zeros(parent.shape, dtype=np.int64)
-        hop[below] = np.arange(int(below.sum()))
+        time, first, later, count, back = self._hops(net, parent[below], np.nonzero(below)[1])
+        hop = np.zeros(parent.shape, dtype=np.int64)  # per tree edge, its pair of states
+        hop[below] = back
         us, charged = np.zeros(parent.shape), np.zeros(parent.shape)
         stepped = np.zeros(parent.shape, dtype=bool)
         for level in range(1, int(depth.max()) + 1):
@@ -262,10 +266,10 @@ class _Walk:
 
     def _hops(
         self, net: Routes, src: np.ndarray, dst: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The steps of the hops ``src -> dst`` (states of ``net``), as (step, hop) arrays
-        of their times and charges, as a route's first step or a later one, and each
-        hop's number of steps."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The steps of the distinct hops among ``src -> dst`` (states of ``net``), as
+        (step, hop) arrays of their times and charges, as a route's first step or a later
+        one, each hop's number of steps, and which distinct hop each ``src -> dst`` is."""
         pairs, back = np.unique(src * net.size + dst, return_inverse=True)
         found = []
         for pair in pairs.tolist():
@@ -278,4 +282,4 @@ class _Walk:
                 first[k, i] = self.charged(step, first=k == 0)
                 later[k, i] = self.charged(step, first=False)
         count = np.array([len(f) for f in found], dtype=np.int64)
-        return time[:, back], first[:, back], later[:, back], count[back]
+        return time, first, later, count, back

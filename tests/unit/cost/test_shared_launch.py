@@ -12,6 +12,7 @@ import pytest
 
 import autoplan
 from autoplan.core.torch_adapter import Partial, Replicate
+from autoplan.cost import shared_launch
 from autoplan.cost.buckets import GRAD_SLOT, copies_us
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel
@@ -139,10 +140,13 @@ def test_with_the_device_priced_each_member_also_pays_its_part_of_the_copies(pri
     assert added == pytest.approx(expected, rel=1e-6)
 
 
-def test_routed_moves_are_charged_the_steps_of_their_routes():
+@pytest.mark.parametrize("at_once", [1, 256])
+def test_routed_moves_are_charged_the_steps_of_their_routes(monkeypatch, at_once):
     """On edges priced by routes, every cell's opened price is what
     :meth:`SharedLaunch.steps` charges its route, hop after hop: the first collective of
-    a head move, every open one of a tail move, including routes of several hops."""
+    a head move, every open one of a tail move, including routes of several hops; the
+    sources' trees summed one at a time or together."""
+    monkeypatch.setattr(shared_launch, "_SOURCES_AT_ONCE", at_once)
     traced, _, _, _ = priced_tiny_llama(1, (2, 2), routes=True)
     table = enumerate_strategies(traced, autoplan.fake_mesh((2, 2), ("dp", "tp")))
     costs = price(table, traced, CALIBRATED, routes=True)
