@@ -48,7 +48,8 @@ __all__ = ["Relaxation", "class_values", "relax", "start_vector", "valid_cost"]
 # bound...
 _USED_SHARE = 1e-5
 # ... and of the decoded plan's gap to the bound, times _NEAR_GROWTH per round (at most
-# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap.
+# _NEAR_ROUNDS) until the LP's value and the bound meet within _MET of that gap, or the
+# LP's value stops falling as columns are added (the gap is then the ascent's).
 _NEAR_SHARE = 0.05
 _NEAR_GROWTH = 5.0
 _NEAR_ROUNDS = 3
@@ -179,6 +180,7 @@ def relax(
     x, keep = x0.copy(), x0 > 0  # the decoded plan alone is a feasible LP solution
     near = _NEAR_SHARE * (found[1] - dual.bound)
     out_of_time = ascent.out_of_time
+    last = math.inf
     for _ in range(_NEAR_ROUNDS):
         left = _left(time_limit_s, began)
         if left is not None and left <= 0.0:
@@ -199,6 +201,11 @@ def relax(
         value = float(m.cost @ x) + m.offset
         if keep.all() or value - dual.bound <= _MET * max(found[1] - dual.bound, 0.0):
             break
+        # more columns can only lower the LP's value: when growing them did not, the
+        # distance left is the ascent's bound stalling below the LP, not too few columns
+        if value >= last - ROUNDING_RTOL * abs(last):
+            break
+        last = value
         # too few columns: take every one priced within the LP's distance to the bound
         near = max(_NEAR_GROWTH * near, value - dual.bound)
     values = class_values(model, x)

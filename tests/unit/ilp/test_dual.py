@@ -264,3 +264,29 @@ def test_sweeps_over_mode_blocks_give_the_dense_sweeps_bound(seed):
         np.testing.assert_array_equal(got.reduced[r], want.reduced[r])
     best = min((cost for _, cost in _plans(p)), default=math.inf)
     assert got.bound <= best + 1e-9 * max(1.0, best)
+
+
+def test_relax_grows_its_lp_columns_only_while_the_lp_value_falls(monkeypatch):
+    """With the ascent held below the LP (no refine at the LP's multiplier), the rounds of
+    the LP over near columns stop once more columns leave its value where it was: the
+    distance left is the bound's, and a third LP over yet more columns would not move it."""
+    from autoplan.ilp.bound import relax as relax_module
+
+    real = relax_module.run
+    monkeypatch.setattr(Ascent, "refine", lambda self, lam, settle: False)
+    stalled = 0
+    for p in [random_problem(s) for s in range(40)] + [routed_problem(s) for s in range(40)]:
+        values: list[float] = []
+
+        def counted(m, *args, values=values, **kwargs):
+            lp = real(m, *args, **kwargs)
+            if lp.x is not None:  # an infeasible whole LP (no plan decoded) has none
+                values.append(float(m.cost @ lp.x) + m.offset)
+            return lp
+
+        monkeypatch.setattr(relax_module, "run", counted)
+        relax(ilp_model(p))
+        for before, after in itertools.pairwise(values[:-1]):
+            assert after < before  # an LP ran after a round that fell
+        stalled += len(values) > 1 and values[-1] >= values[-2]
+    assert stalled  # some problem stops on a value that did not fall
