@@ -96,7 +96,16 @@ def with_shared_launches(problem: PricedProblem, kinds: Iterable[BucketKind]) ->
         launch=launch,
         built={},
         reductions={},
+        memory_price=_memory_price(problem),
     )
+
+
+def _memory_price(problem: PricedProblem) -> float | None:
+    """Where the memory multiplier of ``problem``'s latest solve ended (its built ILP's
+    warm state; None before any solve): re-priced by shared launches, the problem keeps
+    its budget and most prices, so the multiplier barely moves."""
+    warm = [model.warm for model, _ in problem.built.values() if model.warm is not None]
+    return warm[-1].lam if warm else None
 
 
 def _worth(plan: Plan) -> bool:

@@ -73,6 +73,9 @@ class PricedProblem:
     # each mode's recomputation and reduced table (autoplan.planner.solve_mode), for its
     # solves again under a smaller budget
     reductions: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the memory row's multiplier where the solve of the problem this one re-prices ended
+    # (autoplan.planner.bucket_search; None: none), for its solves' ascents to try
+    memory_price: float | None = None
     clock: SolveClock = field(default_factory=SolveClock, compare=False, repr=False)
 
     @functools.cached_property

@@ -281,6 +281,7 @@ def _solve_reduced(
         mip_gap=config.mip_gap,
         fixing=config.reduced_cost_fixing,
         untie=config.untie_under_budget,
+        lam=problem.memory_price,
     )
     done()
     if reduced.key is not None:

@@ -256,17 +256,22 @@ class Ascent:
         elif seed is not None:
             self._st.seed(*seed)
 
-    def raise_bound(self, enough: float = math.inf) -> None:
-        """Sweeps and, under a budget that can bind, a search for λ (to about 1 %); from a
-        warm start, sweeps at its multiplier only (the refinement then moves it). Stops
-        once the bound reaches ``enough`` (the caller only needs to know it does)."""
+    def raise_bound(self, enough: float = math.inf, lam: float | None = None) -> None:
+        """Sweeps and, under a budget that can bind, a search for λ (to about 1 %), then
+        sweeps at ``lam`` too when given (where an ascent on a nearly equal problem ended:
+        the search stops on the messages' own λ, which can be far from the LP's), kept
+        only if the bound rises; from a warm start, sweeps at its multiplier only (the
+        refinement then moves it). Stops once the bound reaches ``enough`` (the caller
+        only needs to know it does)."""
         self.sweeps += self._st.converge()
         if budget_can_bind(self._st.p) and not self.warmed and self._st.bound() < enough:
             self.sweeps += _search_lam(self._st, enough)
+            if lam is not None and self._st.bound() < enough:
+                self.refine(lam, ASCENT_CONVERGED_SEARCH)
 
     def warm(self) -> Warm:
         """The state to start an ascent on this problem under another budget from."""
-        return Warm(self._st.snapshot())
+        return Warm(self._st.snapshot(), self._st.lam)
 
     def refine(self, lam: float, rise: float = ASCENT_CONVERGED_REFINE) -> bool:
         """Sweep at multiplier ``lam`` (e.g. the LP's) until a sweep raises the bound by

@@ -142,6 +142,7 @@ def relax(
     seed: tuple[Dual, Problem] | None = None,
     enough: float = math.inf,
     settle: float = ASCENT_CONVERGED_REFINE,
+    lam: float | None = None,
 ) -> Relaxation:
     """Lower bound, incumbent (the plan decoded from the bound's reduced costs, or
     ``start``, a strategy per class, when cheaper) and the reduced costs that let the MIP
@@ -153,14 +154,16 @@ def relax(
     bound of ``enough`` or more is returned at once, alone (the caller only needs to know
     that no plan here is cheaper). ``settle`` is how little a sweep must raise the bound,
     at the LP's multiplier, for the ascent to stop: a search that proves nothing can take
-    the multiplier search's looser tolerance."""
+    the multiplier search's looser tolerance. ``lam``: a memory multiplier a solve of a
+    nearly equal problem ended at, which the ascent tries after its own search
+    (:meth:`~autoplan.ilp.bound.dual.Ascent.raise_bound`)."""
     check_solver(solver)
     began = time.perf_counter()
     m, p = model.emitted.matrix, model.reduced
     if model.infeasible or not m.num_cols:
         return Relaxation()
     ascent = Ascent(p, time_limit_s=time_limit_s, warm=model.warm, seed=seed)
-    ascent.raise_bound(enough)
+    ascent.raise_bound(enough, lam)
     dual = ascent.result()
     if dual.bound >= enough:
         stats = {"bound_us": dual.bound, "sweeps": float(dual.sweeps)}

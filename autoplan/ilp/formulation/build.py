@@ -67,9 +67,11 @@ from autoplan.ilp.formulation.prune import prune_dominated
 class Warm:
     """Where a dual ascent on a model ended (:mod:`autoplan.ilp.bound.dual` makes and reads
     it; opaque here). Any messages bound every budget of the same problem, so an ascent
-    under another budget starts from them: the model carries it to :meth:`IlpModel.with_budget`."""
+    under another budget starts from them: the model carries it to :meth:`IlpModel.with_budget`.
+    ``lam`` is the memory multiplier it ended at (microseconds per MiB of the memory row)."""
 
     snapshot: tuple
+    lam: float = 0.0
 
 
 @dataclass

@@ -42,6 +42,7 @@ def solve_ilp(
     mip_gap: float = 0.0,
     fixing: bool = True,
     untie: bool = True,
+    lam: float | None = None,
 ) -> tuple[Solution, int]:
     """Solve the tied ``model``, untying first when
     :func:`~autoplan.ilp.untying.untie.worth_untying` (and ``untie``):
@@ -54,12 +55,14 @@ def solve_ilp(
     That MIP stops at :data:`PROOF_NODES` nodes; cut there, the untied plan comes back
     with status ``node_limit`` and its ``proof_nodes`` set. Without ``fixing``, the MIP
     runs alone on the whole model. No step reads the clock but to keep ``time_limit_s``.
+    ``lam``: a memory multiplier a solve of a nearly equal problem ended at, for the
+    relaxation's ascent (:func:`~autoplan.ilp.bound.relax.relax`).
     """
     if not fixing:
         return solve(
             model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, fixing=False
         ), 0
-    relaxed = relax(model, solver=solver, time_limit_s=time_limit_s)
+    relaxed = relax(model, solver=solver, time_limit_s=time_limit_s, lam=lam)
     untied = None
     left = time_limit_s
     if untie and worth_untying(model, relaxed):

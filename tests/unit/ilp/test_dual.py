@@ -290,3 +290,31 @@ def test_relax_grows_its_lp_columns_only_while_the_lp_value_falls(monkeypatch):
             assert after < before  # an LP ran after a round that fell
         stalled += len(values) > 1 and values[-1] >= values[-2]
     assert stalled  # some problem stops on a value that did not fall
+
+
+def test_a_multiplier_from_a_nearly_equal_solve_only_raises_the_bound():
+    """Given a λ (the LP's, a bad one), raise_bound's bound is no lower than without it and
+    still below every plan; at the LP's λ it is higher on some problems (the search
+    stops on the messages' own λ)."""
+    higher = 0
+    for p in [random_problem(s) for s in range(25)] + [routed_problem(s) for s in range(25)]:
+        plans = _plans(p)
+        if p.budget is None or not plans:
+            continue
+        alone = Ascent(p)
+        alone.raise_bound()
+        m = ilp_model(p).emitted.matrix
+        row = np.isneginf(m.row_lower)
+        if not row.any():
+            continue  # the budget cannot bind: the matrix has no memory row
+        lp = run(m, "highs", mip=False, time_limit_s=None, mip_gap=0.0)
+        assert lp.y is not None
+        lp_lam = max(0.0, -float(lp.y[row][0]))
+        for lam in (lp_lam, 0.0, 3.0 * lp_lam + 1.0):
+            hinted = Ascent(p)
+            hinted.raise_bound(lam=lam)
+            bound = hinted.result().bound
+            assert bound >= alone.result().bound - 1e-9 * max(1.0, abs(bound))
+            assert all(bound <= cost + 1e-9 * max(1.0, cost) for _, cost in plans)
+            higher += lam == lp_lam and bound > alone.result().bound * (1 + 1e-6)
+    assert higher

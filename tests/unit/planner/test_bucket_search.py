@@ -4,6 +4,7 @@ kinds a plan merges charged their shares of a launch, the cheapest estimate kept
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 import autoplan
 import autoplan.planner.bucket_search as bucket_search
 from autoplan.core.torch_adapter import Replicate
+from autoplan.ilp.formulation.build import Warm
 from autoplan.models import hf
 from autoplan.planner.bucket_search import search_buckets
 from autoplan.planner.front_end import front_end, untimed
@@ -116,3 +118,19 @@ def test_a_plan_whose_buckets_save_little_is_solved_once(monkeypatch):
     plan = _plan_qwen2()
     assert "buckets" not in plan.timings and "Solved again" not in plan.message
     assert any(p != (Replicate(),) for p in plan.param_placements.values())
+
+
+def test_the_problem_solved_again_starts_its_ascent_where_the_first_solve_ended():
+    """The re-priced problem carries the memory multiplier the first solve's ascent ended
+    at (its built ILP's warm state), and none before any solve."""
+    with front_end(
+        hf.build_hf("qwen2", QWEN2, device="meta"),
+        lambda: torch.randint(0, 1024, (8, 128)),
+        autoplan.fake_mesh((4,), ("dp",)),
+        config=autoplan.PlanConfig(topology=CALIBRATED),
+        input_placements=["S(0)"],
+        loss_fn=lambda out: out.float().square().mean(),
+    ) as problem:
+        assert bucket_search.with_shared_launches(problem, {DDP}).memory_price is None
+        problem.built["none"] = (SimpleNamespace(warm=Warm((), 2.5)), 0)  # type: ignore[assignment]
+        assert bucket_search.with_shared_launches(problem, {DDP}).memory_price == 2.5
