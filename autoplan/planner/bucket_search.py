@@ -1,9 +1,10 @@
 """Stage 5 (solve), bucket search: plans priced with the launches their buckets share.
 
 Input: the priced problem, the plan solved with one launch per move, and the solve to
-run again (the mode's solve and the transient's re-solves, from a priced problem to a
-plan; with ``auto`` checkpointing it keeps the layers' modes of the first plan, as a
-re-solve choosing them again took 5-40x the first solve's time). Output: the plan with the lowest estimate with its buckets
+run again (the mode's solve and the transient's re-solves, from a priced problem and the
+bytes of the budget kept for the transient to a plan; with ``auto`` checkpointing it
+keeps the layers' modes of the first plan, as a re-solve choosing them again took 5-40x
+the first solve's time). Output: the plan with the lowest estimate with its buckets
 (:attr:`~autoplan.result.plan.Plan.estimated_step_us`) among that plan and the plans
 solved with the kinds it merges opened (:mod:`autoplan.cost.shared_launch`).
 
@@ -42,7 +43,7 @@ _BETTER = 1e-9
 def search_buckets(
     problem: PricedProblem,
     first: Plan,
-    solve: Callable[[PricedProblem], Plan],
+    solve: Callable[[PricedProblem, float], Plan],
     timed: Timer,
 ) -> Plan:
     """``first``, or a plan solved with the bucket kinds it merges (and then those the
@@ -51,6 +52,7 @@ def search_buckets(
     cap = problem.config.bucket_mib * 2**20
     if cap <= 0 or first.status == "infeasible" or not _worth(first):
         return first
+    room = _room(first, problem)
     best, plan, opened = first, first, frozenset[BucketKind]()
     best_opened = opened
     for _ in range(ROUNDS):
@@ -62,7 +64,7 @@ def search_buckets(
         done = timed("buckets")
         priced = with_shared_launches(problem, opened)
         done()
-        plan = solve(priced)
+        plan = solve(priced, room)
         if plan.status == "infeasible":
             break
         cheaper = plan.estimated_step_us < best.estimated_step_us * (1.0 - _BETTER)
@@ -106,6 +108,21 @@ def _memory_price(problem: PricedProblem) -> float | None:
     its budget and most prices, so the multiplier barely moves."""
     warm = [model.warm for model, _ in problem.built.values() if model.warm is not None]
     return warm[-1].lam if warm else None
+
+
+def _room(first: Plan, problem: PricedProblem) -> float:
+    """The bytes of the budget the searched solves keep for the backward's transient from
+    the start: the first plan's transient, when the budget counts it and the first plan
+    fits. Their plans keep the first's checkpointing modes and differ in placements, so
+    their transients are near its own; solved with no room they fill the budget, go over
+    it by their transient and are solved again (:mod:`autoplan.planner.transient`). A plan
+    whose transient is larger is solved again as before; the first plan's own layout fits
+    the room kept."""
+    if problem.config.memory_budget_bytes is None or not problem.config.counts_activations:
+        return 0.0
+    if not peak_fits(first, problem.config):
+        return 0.0
+    return first.memory_breakdown.get("transient", 0.0)
 
 
 def _worth(plan: Plan) -> bool:

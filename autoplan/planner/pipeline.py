@@ -116,14 +116,18 @@ def plan(
             base = _plan_fields(problem.traced, problem.table, cfg, timings)
             mode = planned_mode(cfg)
 
-            def solve(priced: PricedProblem, modes: str | Mapping[str, str] = mode) -> Plan:
-                first = solve_mode(priced, modes, base, timed)
-                return reserve_transient(priced, first, modes, base, timed)
+            def solve(
+                priced: PricedProblem, modes: str | Mapping[str, str] = mode, room: float = 0.0
+            ) -> Plan:
+                first = solve_mode(priced, modes, base, timed, reserve=room)
+                return reserve_transient(priced, first, modes, base, timed, reserve=room)
 
             first = solve(problem)
             # the search keeps the layers' modes auto chose: it re-places, not re-checkpoints
             kept = first.checkpointing if mode == "auto" and first.checkpointing else mode
-            return search_buckets(problem, first, lambda priced: solve(priced, kept), timed)
+            return search_buckets(
+                problem, first, lambda priced, room: solve(priced, kept, room), timed
+            )
 
     return here() if broadcast_from is None else plan_on_one_rank(here, mesh, broadcast_from)
 

@@ -30,18 +30,22 @@ def reserve_transient(
     base: dict[str, Any],
     timed: Timer,
     rounds: int = 2,
+    *,
+    reserve: float = 0.0,
 ) -> Plan:
-    """``plan`` when the budget does not count activations or its peak (the memory the
-    budget caps plus the backward's transient peak) is within the budget. Otherwise its
-    mode solved again with the budget less its transient, up to ``rounds`` times
-    (another plan has another transient; with ``auto`` the ILP chooses the layers' modes
-    again), until a plan's peak fits. When none does, ``plan``, its message saying by
-    how much its peak is over."""
-    if plan.status == "infeasible" or peak_fits(plan, problem.config):
+    """``plan`` (solved with ``reserve`` bytes of the budget kept for the transient) when
+    the budget does not count activations or its peak (the memory the budget caps plus
+    the backward's transient peak) is within the budget. Otherwise its mode solved again
+    with the budget less its transient, up to ``rounds`` times (another plan has another
+    transient; with ``auto`` the ILP chooses the layers' modes again), until a plan's
+    peak fits. When none does, ``plan``, its message saying by how much its peak is over."""
+    if plan.status == "infeasible":
         return plan
+    if peak_fits(plan, problem.config):
+        return _kept(plan, reserve) if reserve else plan
     budget = problem.config.memory_budget_bytes
     assert budget is not None  # a peak that does not fit has a budget
-    retry, reserve, timed_out = plan, 0.0, False
+    retry, timed_out = plan, False
     for _ in range(rounds):
         left = problem.clock.left(problem.config.time_limit_s)
         if left is not None and left <= 0:
@@ -52,8 +56,7 @@ def reserve_transient(
         if retry.status == "infeasible":
             break
         if peak_fits(retry, problem.config):
-            note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
-            return replace(retry, message=" ".join(filter(None, (retry.message, note))))
+            return _kept(retry, reserve)
     over = (peak_bytes(plan) - budget) / 2**30
     return replace(
         plan,
@@ -76,6 +79,12 @@ def reserve_transient(
             )
         ),
     )
+
+
+def _kept(plan: Plan, reserve: float) -> Plan:
+    """``plan``, its message saying how much of the budget its solve kept for the transient."""
+    note = f"The budget kept {reserve / 2**20:.4g} MiB for the backward's transient peak"
+    return replace(plan, message=" ".join(filter(None, (plan.message, note))))
 
 
 def peak_fits(plan: Plan, config: PlanConfig) -> bool:

@@ -86,8 +86,9 @@ def test_a_plan_solved_again_is_kept_only_when_estimated_cheaper(qwen2_plans, sc
     config = autoplan.PlanConfig(topology=CALIBRATED)
     solved = []
 
-    def solve(problem):
+    def solve(problem, room):
         assert problem.launch is not None and problem.launch.open  # priced with shares
+        assert room == 0.0  # no budget: no room kept for the transient
         solved.append(replace(first, objective_us=first.objective_us * scale))
         return solved[-1]
 
@@ -134,3 +135,42 @@ def test_the_problem_solved_again_starts_its_ascent_where_the_first_solve_ended(
         assert bucket_search.with_shared_launches(problem, {DDP}).memory_price is None
         problem.built["none"] = (SimpleNamespace(warm=Warm((), 2.5)), 0)  # type: ignore[assignment]
         assert bucket_search.with_shared_launches(problem, {DDP}).memory_price == 2.5
+
+
+@pytest.mark.parametrize(
+    "budget_gib,activations,first_bytes,room",
+    [
+        (100.0, True, 2**30, 123.0 * 2**20),  # the first plan fits: its transient is kept
+        (100.0, True, 100.0 * 2**30, 0.0),  # it does not fit: nothing kept
+        (100.0, False, 2**30, 0.0),  # the budget does not count activations
+        (None, True, 2**30, 0.0),  # no budget
+    ],
+)
+def test_the_searched_solves_keep_room_for_the_first_plans_transient(
+    qwen2_plans, budget_gib, activations, first_bytes, room
+):
+    """Solved again with the first plan's modes, a plan's transient is near the first's:
+    the searched solves keep it from the start when the first plan fits a budget that
+    counts activations (else they would fill the budget and be solved again)."""
+    first, _ = qwen2_plans
+    breakdown = dict(first.memory_breakdown, transient=123.0 * 2**20)
+    first = replace(first, memory_bytes=first_bytes, memory_breakdown=breakdown)
+    config = autoplan.PlanConfig(
+        topology=CALIBRATED, memory_budget_gib=budget_gib, activation_memory=activations
+    )
+    rooms = []
+
+    def solve(problem, kept):
+        rooms.append(kept)
+        return first
+
+    with front_end(
+        hf.build_hf("qwen2", QWEN2, device="meta"),
+        lambda: torch.randint(0, 1024, (8, 128)),
+        autoplan.fake_mesh((4,), ("dp",)),
+        config=config,
+        input_placements=["S(0)"],
+        loss_fn=lambda out: out.float().square().mean(),
+    ) as problem:
+        search_buckets(problem, first, solve, untimed)
+    assert rooms == [room]
