@@ -44,6 +44,18 @@ def _plan_qwen2(**config) -> autoplan.Plan:
     )
 
 
+def _qwen2_problem(config: autoplan.PlanConfig):
+    """The priced problem of :func:`_plan_qwen2`'s model and mesh under ``config``."""
+    return front_end(
+        hf.build_hf("qwen2", QWEN2, device="meta"),
+        lambda: torch.randint(0, 1024, (8, 128)),
+        autoplan.fake_mesh((4,), ("dp",)),
+        config=config,
+        input_placements=["S(0)"],
+        loss_fn=lambda out: out.float().square().mean(),
+    )
+
+
 @pytest.fixture(scope="module")
 def qwen2_plans():
     """The plan solved once (no search rounds) and the searched one."""
@@ -92,14 +104,7 @@ def test_a_plan_solved_again_is_kept_only_when_estimated_cheaper(qwen2_plans, sc
         solved.append(replace(first, objective_us=first.objective_us * scale))
         return solved[-1]
 
-    with front_end(
-        hf.build_hf("qwen2", QWEN2, device="meta"),
-        lambda: torch.randint(0, 1024, (8, 128)),
-        autoplan.fake_mesh((4,), ("dp",)),
-        config=config,
-        input_placements=["S(0)"],
-        loss_fn=lambda out: out.float().square().mean(),
-    ) as problem:
+    with _qwen2_problem(config) as problem:
         plan = search_buckets(problem, first, solve, untimed)
     assert len(solved) == 1  # the second round would open no further kind
     if scale > 1:
@@ -124,14 +129,7 @@ def test_a_plan_whose_buckets_save_little_is_solved_once(monkeypatch):
 def test_the_problem_solved_again_starts_its_ascent_where_the_first_solve_ended():
     """The re-priced problem carries the memory multiplier the first solve's ascent ended
     at (its built ILP's warm state), and none before any solve."""
-    with front_end(
-        hf.build_hf("qwen2", QWEN2, device="meta"),
-        lambda: torch.randint(0, 1024, (8, 128)),
-        autoplan.fake_mesh((4,), ("dp",)),
-        config=autoplan.PlanConfig(topology=CALIBRATED),
-        input_placements=["S(0)"],
-        loss_fn=lambda out: out.float().square().mean(),
-    ) as problem:
+    with _qwen2_problem(autoplan.PlanConfig(topology=CALIBRATED)) as problem:
         assert bucket_search.with_shared_launches(problem, {DDP}).memory_price is None
         problem.built["none"] = (SimpleNamespace(warm=Warm((), 2.5)), 0)  # type: ignore[assignment]
         assert bucket_search.with_shared_launches(problem, {DDP}).memory_price == 2.5
@@ -164,13 +162,6 @@ def test_the_searched_solves_keep_room_for_the_first_plans_transient(
         rooms.append(kept)
         return first
 
-    with front_end(
-        hf.build_hf("qwen2", QWEN2, device="meta"),
-        lambda: torch.randint(0, 1024, (8, 128)),
-        autoplan.fake_mesh((4,), ("dp",)),
-        config=config,
-        input_placements=["S(0)"],
-        loss_fn=lambda out: out.float().square().mean(),
-    ) as problem:
+    with _qwen2_problem(config) as problem:
         search_buckets(problem, first, solve, untimed)
     assert rooms == [room]
