@@ -105,7 +105,8 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return steps
-        return self._charged(where, e.tensor.dtype_bytes, redist, steps)
+        walk = _Walk(self, where, e.tensor.shape, e.tensor.dtype_bytes, redist)
+        return walk.charged_steps(steps)
 
     def savings(self, e: EdgeCost, redist: RedistributeModel) -> np.ndarray:
         """Per cell of ``e.cost``, its price less its move's charge (:meth:`steps`): 0
@@ -119,8 +120,7 @@ class SharedLaunch:
         net, row_state, col_state = e.net, e.row_state, e.col_state
         if net is None or row_state is None or col_state is None:
             for r, c in zip(*np.nonzero(cells), strict=True):
-                us, charged, _ = walk.hop(_START, e.src_placements[r], e.dst_placements[c])
-                out[r, c] = us - charged
+                out[r, c] = walk.saving(e.src_placements[r], e.dst_placements[c])
             return out
         # A cell's route is the path to its column's state in the tree of routes out of
         # its row's state: the sums along a tree are shared by the routes through it.
@@ -132,18 +132,6 @@ class SharedLaunch:
             rows = np.flatnonzero(np.isin(row_state, part))
             out[rows] = saved[np.ix_(np.searchsorted(part, row_state[rows]), col_state)]
         return np.where(cells, out, 0.0)
-
-    def _charged(
-        self, where: str, dtype_bytes: int, redist: RedistributeModel, steps: list[Step]
-    ) -> list[Step]:
-        """``steps`` as a move at ``where`` is charged (:meth:`steps`)."""
-        out = []
-        for hop, step in enumerate(steps):
-            kind, axes, nbytes, _ = step
-            if self.shares(where, kind, axes, first=hop == 0):
-                step = (kind, axes, nbytes, self.charge(where, dtype_bytes, redist, step))
-            out.append(step)
-        return out
 
     def shares(self, where: str, kind: str, axes: tuple[int, ...], *, first: bool) -> bool:
         """Whether a move at ``where`` shares a launch for this step of ``kind`` over
@@ -187,14 +175,12 @@ def open_costs(costs: CostTable, launch: SharedLaunch, redist: RedistributeModel
 
 # Sources whose trees of routes are summed together: their arrays are sources x states.
 _SOURCES_AT_ONCE = 256
-# Along a route so far: its steps' times, their times as charged, whether it has a step.
-_Sums = tuple[float, float, bool]
-_START: _Sums = (0.0, 0.0, False)
 
 
 class _Walk:
-    """Sums a route's steps and their charges (:meth:`SharedLaunch._charged`) hop by hop,
-    each step charged once."""
+    """Charges the steps of the moves of one tensor at one place (:meth:`charged`, the
+    rule of :meth:`SharedLaunch.shares`, each distinct step's charge found once) and sums
+    what a move, or each route of a tree, saves."""
 
     def __init__(
         self,
@@ -224,19 +210,24 @@ class _Walk:
             )
         return found
 
-    def hop(self, sums: _Sums, a: Placements, b: Placements) -> _Sums:
-        """``sums`` after the move from ``a`` to ``b``."""
-        us, charged, stepped = sums
-        for step in self.steps(a, b):  # the rule of SharedLaunch._charged, step by step
-            us += step[3]
-            charged += self.charged(step, first=not stepped)
-            stepped = True
-        return us, charged, stepped
+    def charged_steps(self, steps: list[Step]) -> list[Step]:
+        """A move's ``steps``, each with its time as charged."""
+        out = []
+        for i, step in enumerate(steps):
+            kind, axes, nbytes, _ = step
+            out.append((kind, axes, nbytes, self.charged(step, first=i == 0)))
+        return out
+
+    def saving(self, a: Placements, b: Placements) -> float:
+        """What the move from ``a`` to ``b`` saves: its steps' times less their charges."""
+        steps = self.steps(a, b)
+        return sum(s[3] for s in steps) - sum(s[3] for s in self.charged_steps(steps))
 
     def trees(self, net: Routes, sources: np.ndarray) -> np.ndarray:
         """Per source state and state, the saving of the route between them (0 where none
-        reaches): the sums of :meth:`hop` down each source's tree of routes, a level at a
-        time, adding each hop's steps in their order (the same sums, to the bit)."""
+        reaches): the steps and their charges (:meth:`charged`) summed down each source's
+        tree of routes, a level at a time, each hop's steps in their order (the sums of the
+        route's steps and charges taken one by one, to the bit)."""
         parent = np.stack([net.tree(int(s)) for s in sources])
         rows = np.arange(len(sources))[:, None]
         below = (parent >= 0) & (parent != np.arange(net.size))  # in a tree, not its root
