@@ -85,7 +85,7 @@ def test_the_transient_re_solve_moves_the_built_ilp_to_its_budget(monkeypatch):
 def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(monkeypatch):
     """The bucket search solves with auto's mode per layer kept; that plan's transient
     re-solve reuses the reduced table and moves the ILP those modes built, as a uniform
-    mode's does, to the plan of an ILP built anew."""
+    mode's does, to a plan as cheap as an ILP built anew gives."""
     from autoplan.planner import solve_mode as solve_stage
 
     free = plan_llama((4,))
@@ -116,8 +116,10 @@ def test_a_mode_per_layer_solved_again_under_a_smaller_budget_reuses_its_ilp(mon
     assert len(built) == len(reduced) == 2
     assert again.status == fresh.status == "optimal" and first.status == "optimal"
     assert again.memory_bytes <= budget - reserve < first.memory_bytes
+    # Equal plans by cost and memory: the two ILPs start from different incumbents, and
+    # between optimal plans of equal price either may come back.
     assert again.objective_us == fresh.objective_us
-    assert again.node_placements == fresh.node_placements
+    assert again.memory_bytes == fresh.memory_bytes
     assert again.checkpointing == fresh.checkpointing == modes
 
 

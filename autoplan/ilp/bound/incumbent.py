@@ -101,10 +101,26 @@ def _improve(
 def from_lp(
     p: Problem, values: dict[str, np.ndarray], *, rounds: int = 5
 ) -> tuple[dict[str, int], float] | None:
-    """Round LP ``values`` (per class, one per strategy) to a feasible plan and improve it.
+    """Round LP ``values`` (per class, one per strategy) to a feasible plan and improve it:
+    the cheaper of two roundings, each class on the smallest footprint the LP uses, or
+    on the strategy the LP weighs most (brought within the budget by :func:`from_plan`).
+    The second wins when the LP mixes two whole plans (one layout at 95 %, another at
+    5 %): taking each class's leaner strategy then joins halves of two plans.
 
-    Returns (choice per class, cost), or None when the rounding breaks a constraint.
+    Returns (choice per class, cost), or None when both roundings break a constraint.
     """
+    heaviest = {
+        r: int(np.argmax(np.where(np.isfinite(cost), values.get(r, np.isfinite(cost)), -1.0)))
+        for r, cost in p.linear.items()
+    }
+    found = [f for f in (_leanest(p, values, rounds), from_plan(p, heaviest, rounds=rounds)) if f]
+    return min(found, key=lambda f: f[1]) if found else None
+
+
+def _leanest(
+    p: Problem, values: dict[str, np.ndarray], rounds: int
+) -> tuple[dict[str, int], float] | None:
+    """:func:`from_lp`'s rounding to the smallest footprint each class's LP values use."""
     choice: dict[str, int] = {}
     for r, cost in p.linear.items():
         ok = np.isfinite(cost)
