@@ -42,6 +42,11 @@ from autoplan.ilp.owned_process import run_owned
 _GRACE_S = 5.0
 
 
+class SolverCrashed(RuntimeError):
+    """The solver's process ended without writing an answer (a crash or a signal); the
+    message names the solver, its exit code and its last lines of output."""
+
+
 @dataclass(frozen=True)
 class RunResult:
     """``status``: "optimal", "feasible" (stopped with a solution), "infeasible" or
@@ -353,7 +358,7 @@ def _run_cbc(job: _Job) -> RunResult:
         ran_out = time_limit_s is not None and time.perf_counter() - began >= time_limit_s
         if code != 0 or not os.path.exists(sol):
             tail = "\n".join(output.splitlines()[-5:])
-            raise RuntimeError(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
+            raise SolverCrashed(f"CBC ({args[0]}) failed with exit code {code}: {tail}")
         status, x, dj, y = read_cbc_solution(sol, m.num_cols, 0 if mip else m.num_rows)
         stopped_by = _stop_reason(sol)
     if status == "infeasible" and ran_out:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.ilp.backends import check_solver, run
+from autoplan.ilp.backends import SolverCrashed, check_solver, run
 from autoplan.ilp.bound.dual import Dual
 from autoplan.ilp.bound.relax import Relaxation, class_values, relax, start_vector, valid_cost
 from autoplan.ilp.formulation.build import IlpModel, Warm
@@ -103,7 +103,8 @@ def _polish(
     prices within a small share of the gap hold the optimum or a plan near it, and their
     MIP is quick; its plan (checked and priced exactly) replaces the incumbent when
     cheaper, which makes the final MIP's fixing stronger. Nothing is proved here: the
-    final MIP does that.
+    final MIP does that, so a solver that crashes on this MIP costs only the search, and
+    the stats say ``polish_crashed``.
     """
     if pre.choice is None or pre.x is None or pre.dj is None or pre.start is None:
         return pre
@@ -112,15 +113,19 @@ def _polish(
     keep = (pre.dj <= _POLISH_SHARE * (upper - pre.bound)) | (pre.x > LP_NONZERO) | (start > 0.0)
     if upper - pre.bound <= GAP_NOISE * max(1.0, abs(upper)) or keep.mean() > 0.5:
         return pre
-    result = run(
-        model.emitted.matrix.columns(keep),
-        solver,
-        mip=True,
-        time_limit_s=time_limit_s,
-        mip_gap=0.0,
-        start=start[keep],
-        max_nodes=_POLISH_NODES,
-    )
+    try:
+        result = run(
+            model.emitted.matrix.columns(keep),
+            solver,
+            mip=True,
+            time_limit_s=time_limit_s,
+            mip_gap=0.0,
+            start=start[keep],
+            max_nodes=_POLISH_NODES,
+        )
+    except SolverCrashed:
+        stats = dict(pre.stats or {}) | {"polish_crashed": 1.0}
+        return replace(pre, stats=stats, seconds=pre.seconds + time.perf_counter() - began)
     seconds = pre.seconds + time.perf_counter() - began
     out_of_time = pre.out_of_time or result.stopped_by == "time"
     if result.x is None:

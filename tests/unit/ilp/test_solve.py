@@ -13,6 +13,7 @@ import pytest
 
 from autoplan.core.torch_adapter import Replicate, Shard
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
+from autoplan.ilp.backends import SolverCrashed
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.formulation.problem import InfeasibleError
 from autoplan.ilp.reductions.followers import collapse_followers
@@ -439,3 +440,33 @@ def test_recomputation_and_activations_match_brute_force(seed):
         assert step_time(again, choice) == pytest.approx(step_time(costs, choice) + extra, **APPROX)
     footprints = sorted({footprint(again, c) for c in combos(again)})
     _check_against_brute_force(again, budget=footprints[len(footprints) // 2])
+
+
+def test_a_solver_crash_in_the_polish_costs_only_its_search(monkeypatch):
+    """The polish only looks for a better incumbent: when the solver crashes on its MIP,
+    the final MIP still proves the optimum, and the stats say the polish crashed."""
+    from autoplan.ilp.solver import solve as solve_module
+
+    real = solve_module.run
+    crashed = []
+
+    def crashing(m, solver, **kw):
+        if kw.get("max_nodes") == solve_module._POLISH_NODES:
+            crashed.append(1)
+            raise SolverCrashed("CBC (cbc) failed with exit code -11: ")
+        return real(m, solver, **kw)
+
+    monkeypatch.setattr(solve_module, "run", crashing)
+    for seed in SEEDS:
+        costs = random_costs(seed, memory=True)
+        footprints = sorted({footprint(costs, c) for c in combos(costs)})
+        budget = footprints[len(footprints) // 2]
+        best = brute_force(costs, budget=budget)
+        if not math.isfinite(best):
+            continue
+        before = len(crashed)
+        sol = solve(build_ilp(costs, memory_budget_bytes=budget), solver="cbc")
+        assert sol.status == "optimal"
+        assert sol.objective_us == pytest.approx(best, **APPROX)
+        assert (sol.stats or {}).get("polish_crashed", 0.0) == float(len(crashed) > before)
+    assert crashed  # some seed's polish ran, and crashed
