@@ -28,6 +28,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_k
 Term = tuple[str, tuple[int, ...], int]
 # Per tensor dim, whether it divides by each flattened group of two or more adjacent axes.
 Divisibility = tuple[tuple[bool, ...], ...]
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +118,9 @@ class EdgePricer:
         times = np.zeros(len(layout.terms) + 1)  # the last entry is the pad
         for k, term in enumerate(layout.terms):
             times[k] = self._time(term, numel)
-        if len(layout.slots):
-            cost = times[layout.slots[0]]
-            for slot in layout.slots[1:]:
-                cost += times[slot]  # step after step, as cost_us sums them
-        else:
-            cost = np.zeros(layout.impossible.shape)
+        cost = np.zeros(layout.impossible.shape)
+        for slot in layout.slots:
+            cost += times[slot]  # step after step from 0, as cost_us sums them
         cost[layout.impossible] = math.inf
         return cost
 
@@ -135,21 +134,14 @@ class EdgePricer:
         numel = math.prod(shape) * dtype_bytes
         per_move = np.full(len(self._move_list), math.inf)
         for m in np.unique(which).tolist():
-            if (terms := self._move_list[m]) is not None:
-                total = 0.0
-                for t in terms:  # step after step, as cost_us sums them
-                    total += self._time(t, numel)
-                per_move[m] = total
+            if (terms := self._move_list[m]) is not None:  # step after step, as cost_us sums
+                per_move[m] = sum(self._time(t, numel) for t in terms)
         return per_move[which]
 
     def _divisibility_id(self, shape: tuple[int, ...]) -> int:
         """The id of which dims of ``shape`` divide by each flattened group of axes."""
         divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
-        div = self._divisible.get(divisible)
-        if div is None:
-            div = self._divisible[divisible] = len(self._divisibility)
-            self._divisibility.append(divisible)
-        return div
+        return _intern(self._divisible, self._divisibility, divisible)
 
     def ids(self, placements: Sequence[Placements]) -> tuple[int, ...]:
         """Small ints standing for placement tuples, the same int for equal tuples."""
@@ -337,11 +329,7 @@ class EdgePricer:
 
     def _move_id(self, terms: tuple[int, ...] | None) -> int:
         """A small int per distinct move (its terms, or None when impossible)."""
-        m = self._move_index.get(terms)
-        if m is None:
-            m = self._move_index[terms] = len(self._move_list)
-            self._move_list.append(terms)
-        return m
+        return _intern(self._move_index, self._move_list, terms)
 
     def _pair(self, src: int, dst: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """Term ids of one move, walked on ``shape``: every pair with its form
@@ -378,11 +366,7 @@ class EdgePricer:
         )
 
     def _term(self, term: Term) -> int:
-        i = self._term_ids.get(term)
-        if i is None:
-            i = self._term_ids[term] = len(self._terms)
-            self._terms.append(term)
-        return i
+        return _intern(self._term_ids, self._terms, term)
 
     def _time(self, term: int, numel: int) -> float:
         key = (term, numel)
@@ -393,6 +377,15 @@ class EdgePricer:
             # The same float expressions as RedistributeModel.steps.
             t = self._times[key] = self.redist.collectives.time_us(kind, numel / divisor, p, m)
         return t
+
+
+def _intern(index: dict[K, int], items: list[K], key: K) -> int:
+    """``key``'s place in ``items``, appended (and noted in ``index``) when new."""
+    i = index.get(key)
+    if i is None:
+        i = index[key] = len(items)
+        items.append(key)
+    return i
 
 
 def _first_seen(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
