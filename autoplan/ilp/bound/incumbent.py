@@ -107,13 +107,19 @@ def from_lp(
     The second wins when the LP mixes two whole plans (one layout at 95 %, another at
     5 %): taking each class's leaner strategy then joins halves of two plans.
 
+    When no class's values use two strategies, both start from the same plan and the
+    first alone is made.
+
     Returns (choice per class, cost), or None when both roundings break a constraint.
     """
+    lean = _leanest(p, values, rounds)
+    if not any((v > LP_USED).sum() > 1 for v in values.values()):
+        return lean
     heaviest = {
         r: int(np.argmax(np.where(np.isfinite(cost), values.get(r, np.isfinite(cost)), -1.0)))
         for r, cost in p.linear.items()
     }
-    found = [f for f in (_leanest(p, values, rounds), from_plan(p, heaviest, rounds=rounds)) if f]
+    found = [f for f in (lean, from_plan(p, heaviest, rounds=rounds)) if f]
     return min(found, key=lambda f: f[1]) if found else None
 
 
