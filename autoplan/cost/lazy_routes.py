@@ -124,14 +124,22 @@ class LazyNetwork(Routes):
         a network narrowed so keeps the same routes for any of its sources and sinks."""
         n = self.size
         marked = []
-        for s in np.unique(sources).tolist():
+        starts = np.unique(sources)
+        self.prices.from_states(starts)  # every source's search in one call
+        sinks = np.asarray(sinks, dtype=np.int64)
+        for s in starts.tolist():
             came = self.prices.before(s)
-            at = np.asarray(sinks, dtype=np.int64)
-            at = np.unique(at[came[at] >= 0])
+            # the states on a route to a sink, the source left out; each enters its arc
+            on = np.zeros(n, dtype=bool)
+            at = sinks[came[sinks] >= 0]
             while len(at):
-                prev = came[at].astype(np.int64)
-                marked.append(prev * n + at)
-                at = np.unique(prev[prev != s])
+                on[at] = True
+                prev = came[at]
+                at = prev[prev != s]
+                at = at[~on[at]]
+            states = np.flatnonzero(on)
+            if len(states):
+                marked.append(came[states].astype(np.int64) * n + states)
         keep = np.zeros(len(self.arc_src), dtype=bool)
         if not marked:
             return keep

@@ -37,6 +37,8 @@ class Router:
     def __init__(self, pricer: EdgePricer) -> None:
         self.pricer = pricer
         self._canon: dict[tuple[int, ...], tuple[list[Placements], tuple[int, ...]]] = {}
+        # per tensor's placements per axis: its near moves (many shapes share the options)
+        self._near: dict[tuple[tuple[Any, ...], ...], tuple[np.ndarray, np.ndarray]] = {}
         self._nets: dict[tuple[tuple[int, ...], tuple[int, ...], int], Routes] = {}
         self._edges: dict[
             tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int], RoutedEdge
@@ -185,7 +187,10 @@ class Router:
         """A network priced by its near moves between waypoints
         (:func:`~autoplan.cost.near_moves.near_pairs`) and every move into and out of the
         edges' own placements (a few, not product-shaped), its prices found when asked."""
-        src, dst = near_pairs(canonical_axes(shape, self.pricer.redist.mesh_shape))
+        per_axis = tuple(map(tuple, canonical_axes(shape, self.pricer.redist.mesh_shape)))
+        if per_axis not in self._near:
+            self._near[per_axis] = near_pairs(per_axis)
+        src, dst = self._near[per_axis]
         ids = np.array(canon + extra, dtype=np.int64)
         cost = self.pricer.pair_prices(ids[src], ids[dst], shape, dtype_bytes)
         moves = [(src, dst, cost)]

@@ -50,6 +50,27 @@ def test_near_moves_keep_every_route_price_of_the_full_network(shape, mesh_shape
     np.testing.assert_allclose(net.distances(None, None), full, rtol=1e-12)
 
 
+def test_a_lazy_network_narrowed_between_states_keeps_their_route_prices():
+    """``between`` keeps, of a lazy network's moves, only ones on a cheapest route from a
+    source to a sink: searched again over those alone, every such pair costs what it
+    costs over every move, and far fewer moves are left."""
+    shape = (8, 16)
+    states = canonical(shape, MESH)
+    pricer = _pricer()
+    ids = np.array(pricer.ids(states))
+    src, dst = near_pairs(canonical_axes(shape, MESH))
+    net = LazyNetwork.of(tuple(states), src, dst, pricer.pair_prices(ids[src], ids[dst], shape, 2))
+    rng = np.random.default_rng(0)
+    sources = rng.choice(len(states), 40, replace=False)
+    sinks = rng.choice(len(states), 30, replace=False)
+    narrowed = net.between(sources, sinks)
+    assert 0 < len(narrowed.arc_src) < len(net.arc_src) / 4
+    alone = LazyNetwork.of(tuple(states), narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
+    np.testing.assert_allclose(
+        alone.distances(sources, sinks), net.distances(sources, sinks), rtol=1e-12
+    )
+
+
 def test_pair_prices_are_the_matrix_prices_bit_for_bit():
     states = canonical((8, 16), MESH)
     pricer = _pricer()
