@@ -9,6 +9,7 @@ that reproduces each row.
     python scripts/bench.py --row configs/llama3_8b.yaml:native:cbc:plan.time_limit_s=300
     python scripts/bench.py --repeat 3             # each row 3 times, the median of each figure
     python scripts/bench.py --section moe --row configs/mixtral_8x7b.yaml:einsum  # a table of its own
+    python scripts/bench.py --section frontier     # LLaMA3-405B on a 4-D mesh
 
 A row is ``CONFIG[:MODE[:SOLVER[:KEY=VALUE,...]]]``; the KEY=VALUE pairs are
 run-file overrides, as ``autoplan plan --set`` takes them. With ``--repeat N``
@@ -54,6 +55,8 @@ DEFAULT_ROWS = [
         for mode in ("einsum", "native")
     ),
 ]
+# `--section frontier` with no --row: the 4-D mesh (one run takes about 12 minutes here)
+FRONTIER_ROWS = ["configs/llama3_405b.yaml:einsum:cbc"]
 PHASES = ("trace", "rewrite", "strategies", "cost", "recompute", "ilp_build", "solve")
 
 
@@ -177,7 +180,8 @@ def main() -> None:
     if args.repeat < 1:
         parser.error(f"--repeat must be 1 or more, got {args.repeat}")
     rows = []
-    for spec in args.row or DEFAULT_ROWS:
+    defaults = FRONTIER_ROWS if args.section == "frontier" else DEFAULT_ROWS
+    for spec in args.row or defaults:
         print(f"running {spec} ...", flush=True)
         try:
             runs = []
