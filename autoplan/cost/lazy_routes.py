@@ -47,26 +47,41 @@ class Prices:
         """(every state, cols): the price to each of ``cols``."""
         return self._found(self._backward, self._cols, cols, None).T
 
+    def search_from(self, rows: np.ndarray) -> None:
+        """Run the searches from ``rows`` not run yet, in one call, and keep them."""
+        self._search(self._forward, self._rows, np.asarray(rows, dtype=np.int64), self._before)
+
     def before(self, row: int) -> np.ndarray:
         """Per state, the state before it on the cheapest route from ``row`` that
         Dijkstra's search found (negative: ``row`` itself, or not reached)."""
-        self.from_states(np.array([row]))
+        if row not in self._before:
+            self.search_from(np.array([row]))
         return self._before[row]
 
     @staticmethod
-    def _found(
+    def _search(
         graph: csr_array,
         kept: dict[int, np.ndarray],
         ends: np.ndarray,
         before: dict[int, np.ndarray] | None,
-    ) -> np.ndarray:
-        ends = np.asarray(ends, dtype=np.int64)
+    ) -> None:
         missing = np.unique([e for e in ends.tolist() if e not in kept])
         if len(missing):
             found, came = dijkstra(graph, directed=True, indices=missing, return_predecessors=True)
             kept.update(zip(missing.tolist(), np.atleast_2d(found), strict=True))
             if before is not None:
                 before.update(zip(missing.tolist(), np.atleast_2d(came), strict=True))
+
+    @classmethod
+    def _found(
+        cls,
+        graph: csr_array,
+        kept: dict[int, np.ndarray],
+        ends: np.ndarray,
+        before: dict[int, np.ndarray] | None,
+    ) -> np.ndarray:
+        ends = np.asarray(ends, dtype=np.int64)
+        cls._search(graph, kept, ends, before)
         if not len(ends):
             return np.zeros((0, graph.shape[0]))
         return np.stack([kept[e] for e in ends.tolist()])
@@ -125,7 +140,7 @@ class LazyNetwork(Routes):
         n = self.size
         marked = []
         starts = np.unique(sources)
-        self.prices.from_states(starts)  # every source's search in one call
+        self.prices.search_from(starts)
         sinks = np.asarray(sinks, dtype=np.int64)
         for s in starts.tolist():
             came = self.prices.before(s)
