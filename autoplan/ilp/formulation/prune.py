@@ -55,13 +55,19 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
 
 
 def dominated(
-    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512, span: int = 256
+    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 2048, span: int = 64
 ) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays).
 
+    A column equal in every row is dropped first: it holds for every pair (a mode block's
+    columns of another block's edges are all ``inf`` in it, two thirds of them for three).
     A repeated row goes at once, and only the distinct rows are compared: many rows of a
     large class repeat another, and comparing them again gives the same answer.
     """
+    if len(f):
+        varies = (f != f[0]).any(axis=0)
+        if not varies.all():
+            f = f[:, varies]
     first: dict[bytes, int] = {}
     for i, row in enumerate(f):
         first.setdefault(row.tobytes(), i)
@@ -82,7 +88,8 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
     if len(blocks) < 2:
         return dominated(f)
     rows = [np.flatnonzero(block == b) for b in blocks]
-    finite = [np.isfinite(f[r]) for r in rows]
+    finite_f = np.isfinite(f)
+    finite = [finite_f[r] for r in rows]
     some = [fin.any(axis=0) for fin in finite]  # columns some row of a block has finite
     every = [fin.all(axis=0) for fin in finite]  # columns every row of a block has finite
     for lower, upper in itertools.permutations(range(len(rows)), 2):
@@ -95,7 +102,7 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
 
 
 def _distinct_dominated(
-    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 512, span: int = 256
+    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 2048, span: int = 64
 ) -> np.ndarray:
     """:func:`dominated` by comparing rows pairwise.
 

@@ -195,6 +195,25 @@ def test_dominance_over_spans_of_columns_with_many_witnesses(seed):
     np.testing.assert_array_equal(dominated(f, probe=6, grid=2, chunk=8, span=7), expected)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_columns_equal_in_every_row_are_dropped_and_no_other(seed):
+    """Columns equal in every row (inf or a price) say nothing about any pair; a column
+    equal in all rows but one does, and must stay: the same rows go as by the full
+    comparison."""
+    from autoplan.ilp.formulation.prune import dominated
+
+    rng = np.random.default_rng(seed)
+    f = rng.choice([0.0, 1.0, 2.0], (30, 12), p=[0.5, 0.3, 0.2])
+    width = f.shape[1]
+    f = np.hstack([f, np.full((30, 6), np.inf), np.full((30, 3), 7.0), np.full((30, 4), 1.0)])
+    rows = rng.choice(30, 4, replace=False)
+    f[rows, width + 9 :] = 0.0  # nearly constant: one row each, lower than the others
+    f[rows, width + 9 + np.arange(4)] = 2.0  # ... and one column each where it is higher
+    expected = _every_pair_dominated(f)
+    assert expected.any() and not expected.all()
+    np.testing.assert_array_equal(dominated(f, probe=6, grid=2, chunk=8, span=5), expected)
+
+
 def _brute_dominated(f: np.ndarray) -> np.ndarray:
     """Row j goes when another row is <= it everywhere, the first of equal rows staying."""
     n = len(f)
