@@ -108,27 +108,24 @@ class _Ascent:
         self.names = list(p.linear)
         pos = {r: n for n, r in enumerate(self.names)}
         self.lam = 0.0
-        # θ and φ are views into two flat buffers: the bound is then two reduceat calls
-        # and a snapshot two copies, not one call per class and per edge.
+        # θ is views into one flat buffer: its part of the bound is one reduceat call and a
+        # snapshot one copy. φ is not stored (dual_layout.End): a snapshot is θ and the
+        # messages, and a visit reads each edge's prices once, writing nothing of its size.
         self._theta, cuts = flat([p.linear[r].astype(np.float64) for r in self.names])
         self.theta = dict(zip(self.names, cuts, strict=True))
         self._theta_starts = starts(cuts)
         self.pairs: list[tuple[End, End]] = []
         self.ends: dict[str, list[End]] = {r: [] for r in self.names}
-        compact = []
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
             mat = e.cost[np.ix_(s.present, d.present)].astype(np.float64)
-            compact.append(diagonal_blocks(mat, _block_count(p, e.src, e.dst)))
+            prices = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
+            s.attach(prices, d, e.cost.shape[0], pos[e.dst])
+            d.attach(prices, s, e.cost.shape[1], pos[e.src])
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
-        self._phi, phis = flat(compact)
-        self._phi_starts = starts(phis)
-        for e, phi, (s, d) in zip(p.edges, phis, self.pairs, strict=True):
-            s.attach(phi, e.cost.shape[0], pos[e.dst])
-            d.attach(phi.transpose(0, 2, 1), e.cost.shape[1], pos[e.src])
         self.visits = {
             (r, forward): Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()
@@ -147,8 +144,10 @@ class _Ascent:
         low = np.minimum.reduceat
         # summed in Python, left to right, as one float per class and per edge
         total = sum(low(self._theta, self._theta_starts).tolist())
-        if len(self._phi_starts):
-            total += sum(low(self._phi, self._phi_starts).tolist())
+        for s, _ in self.pairs:  # each edge's least potential, over its source's row minima
+            rows = s.row_minima()
+            if rows.size:
+                total += float(rows.min())
         if self.lam and self.p.budget is not None:
             total -= self.lam * self.p.budget / MEMORY_UNIT
         return total
@@ -213,13 +212,12 @@ class _Ascent:
 
     def snapshot(self) -> tuple:
         msgs = [(s.msg.copy(), d.msg.copy()) for s, d in self.pairs]
-        return self.lam, self._theta.copy(), self._phi.copy(), msgs
+        return self.lam, self._theta.copy(), msgs
 
     def restore(self, snap: tuple) -> None:
         """Back to a snapshot, in place (the ends hold views of the arrays)."""
-        self.lam, theta, phi, msgs = snap
+        self.lam, theta, msgs = snap
         np.copyto(self._theta, theta)
-        np.copyto(self._phi, phi)
         for k, (s, d) in enumerate(self.pairs):
             np.copyto(s.msg, msgs[k][0])
             np.copyto(d.msg, msgs[k][1])

@@ -4,22 +4,29 @@ Input: one edge end's groups and allowed strategies (:class:`End`), the ends at 
 class (:class:`Visit`), lists of arrays (:func:`flat`). Output: the same data laid
 out so that a visit to a class costs a few numpy calls per class and per edge.
 
-Why: the sweeps are numpy call overhead far more than arithmetic (float32
-potentials would barely help), so what a visit needs is gathered once, here, not
-per visit.
+Why: on small meshes the sweeps are numpy call overhead far more than arithmetic, so
+what a visit needs is gathered once, here, not per visit; on a 4-D mesh an edge holds
+millions of prices and a sweep is memory traffic, so an edge's potentials are formed
+from its prices and messages where they are read, not stored and rewritten.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+# Rows of an edge's prices read per numpy call when its minima are taken: the prices less
+# a message are formed in a buffer this size, which stays in cache, not in a full copy.
+_CHUNK = 1 << 16
+
 
 class End:
-    """One end of an edge at a class, with the edge's potentials kept compact: only the
-    groups an allowed strategy maps to, ``mat`` indexed (diagonal block, this end's group
-    in it, the other's) (the transpose, a view, at the destination end) and this end's
-    message ``msg``. An edge whose finite prices lie in diagonal blocks keeps those only
-    (:func:`diagonal_blocks`); any other edge is one block."""
+    """One end of an edge at a class, with the edge's prices kept compact: only the groups
+    an allowed strategy maps to, ``edge`` indexed (diagonal block, source group in it,
+    destination group) and shared by both ends, and this end's message ``msg``. The edge's
+    potentials are never stored: φ = prices - source message - destination message, formed
+    a few rows at a time where minima are taken. An edge whose finite prices lie in
+    diagonal blocks keeps those only (:func:`diagonal_blocks`); any other edge is one
+    block."""
 
     def __init__(self, k: int, axis: int, group: np.ndarray, ok: np.ndarray) -> None:
         self.k, self.axis, self.group = k, axis, group
@@ -38,24 +45,54 @@ class End:
         local[self.present] = np.arange(len(self.present))
         self.local = local[self.safe]  # compact group of each strategy (0 if none)
         self.size = 0
-        self.mat = np.zeros((1, 0, 0))
+        self.edge = np.zeros((1, 0, 0))
         self.msg = np.zeros(0)
-        self.guard = False  # some row of mat has no finite price
+        self.partner = self
+        self.guard = False  # some group of this end has no finite price
         self.other = 0  # the position of the class at the other end
 
-    def attach(self, mat: np.ndarray, size: int, other: int) -> None:
-        self.mat, self.size, self.other = mat, size, other
-        self.msg = np.zeros(mat.shape[0] * mat.shape[1])
-        self.guard = bool((~np.isfinite(mat)).all(axis=2).any())
-        self._column = (mat.shape[0], mat.shape[1], 1)  # a per-group vector against mat
+    def attach(self, edge: np.ndarray, partner: End, size: int, other: int) -> None:
+        """Take the edge's compact prices (shared with ``partner``, the other end), this
+        end's group count before compacting and the other class's position."""
+        self.edge, self.partner, self.size, self.other = edge, partner, size, other
+        blocks, rows, cols = edge.shape
+        self.msg = np.zeros(blocks * (rows if self.axis == 0 else cols))
+        self.guard = bool((~np.isfinite(edge)).all(axis=2 - self.axis).any())
+        self._step = max(1, _CHUNK // max(1, blocks * cols))
 
     def row_minima(self) -> np.ndarray:
         """The least potential of each of this end's compact groups (inf where none)."""
-        return self.mat.min(axis=2).ravel()
+        edge, step = self.edge, self._step
+        blocks, rows, cols = edge.shape
+        other = self.partner.msg.reshape(blocks, -1)
+        out: np.ndarray
+        if not edge.size:
+            out = np.full((blocks, rows if self.axis == 0 else cols), np.inf)
+        elif self.axis == 0:  # per source group: the least over the destination's groups
+            if step >= rows:
+                out = (edge - other[:, None, :]).min(axis=2)
+            else:
+                out = np.empty((blocks, rows))
+                buf = np.empty((blocks, step, cols))
+                for lo in range(0, rows, step):
+                    part = buf[:, : min(step, rows - lo)]
+                    np.subtract(edge[:, lo : lo + step], other[:, None, :], out=part)
+                    np.minimum.reduce(part, axis=2, out=out[:, lo : lo + step])
+        elif step >= rows:  # per destination group: the least over the source's groups
+            out = (edge - other[:, :, None]).min(axis=1)
+        else:
+            out = np.full((blocks, cols), np.inf)
+            buf = np.empty((blocks, step, cols))
+            for lo in range(0, rows, step):
+                part = buf[:, : min(step, rows - lo)]
+                np.subtract(edge[:, lo : lo + step], other[:, lo : lo + step, None], out=part)
+                np.minimum(out, part.min(axis=1), out=out)
+        least = out.ravel()
+        least -= self.msg
+        return least
 
     def take(self, c: np.ndarray) -> None:
         """Move ``c`` (per compact group) from the edge's potentials to this end's message."""
-        self.mat -= c.reshape(self._column)
         self.msg += c
 
     def full_message(self) -> np.ndarray:

@@ -26,11 +26,10 @@ __all__ = ["seed_messages", "warm_fits"]
 
 def warm_fits(mine: tuple, theirs: tuple) -> bool:
     """Whether snapshot ``theirs`` is of a problem laid out as ``mine``'s."""
-    _, theta, phi, msgs = mine
-    _, theta2, phi2, msgs2 = theirs
+    _, theta, msgs = mine
+    _, theta2, msgs2 = theirs
     return (
         theta.shape == theta2.shape
-        and phi.shape == phi2.shape
         and len(msgs) == len(msgs2)
         and all(
             a.shape == c.shape and b.shape == d.shape
