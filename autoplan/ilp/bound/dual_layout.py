@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# Rows of an edge's prices read per numpy call when its minima are taken: the prices less
-# a message are formed in a buffer this size, which stays in cache, not in a full copy.
+# Prices read per numpy call when an edge's minima are taken (whole rows, at least one):
+# the prices less a message are formed in a buffer this size, which stays in cache.
 _CHUNK = 1 << 16
 
 
