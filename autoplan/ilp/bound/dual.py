@@ -126,6 +126,11 @@ class _Ascent:
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
+        # whether the last change was a sweep, whose last visits leave every edge's least
+        # potential at 0 (up to rounding): its bound then reads θ alone. An edge with no
+        # finite price keeps it unsettled (its least potential is inf).
+        self._settled = False
+        self._can_settle = all(bool(np.isfinite(s.edge).any()) for s, _ in self.pairs)
         self.visits = {
             (r, forward): Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()
@@ -144,7 +149,7 @@ class _Ascent:
         low = np.minimum.reduceat
         # summed in Python, left to right, as one float per class and per edge
         total = sum(low(self._theta, self._theta_starts).tolist())
-        for s, _ in self.pairs:  # each edge's least potential, over its source's row minima
+        for s, _ in () if self._settled else self.pairs:  # each edge's least potential
             rows = s.row_minima()
             if rows.size:
                 total += float(rows.min())
@@ -201,6 +206,7 @@ class _Ascent:
         restriction of ``other`` at least the bound they gave it, and an untied copy of a
         tied model nearly that."""
         self.set_lam(dual.lam)
+        self._settled = False
         for cls, end, c in seed_messages(self.p, self.pairs, dual.a, dual.b, other):
             self.theta[cls] += c[end.local]
             end.take(c)
@@ -217,17 +223,21 @@ class _Ascent:
     def restore(self, snap: tuple) -> None:
         """Back to a snapshot, in place (the ends hold views of the arrays)."""
         self.lam, theta, msgs = snap
+        self._settled = False
         np.copyto(self._theta, theta)
         for k, (s, d) in enumerate(self.pairs):
             np.copyto(s.msg, msgs[k][0])
             np.copyto(d.msg, msgs[k][1])
 
     def sweep(self) -> None:
-        """Visit every class forward, then backward."""
+        """Visit every class forward, then backward. An edge's last visit is at its end
+        first in the classes' order, where the edge is behind: it gives up its row minima
+        and gets nothing back, so its least potential is 0 after the sweep."""
         for r in self.names:
             self._visit(r, True)
         for r in reversed(self.names):
             self._visit(r, False)
+        self._settled = self._can_settle
 
 
 class Ascent:

@@ -289,6 +289,30 @@ def test_edge_potentials_formed_a_few_rows_at_a_time_give_the_same_ascent(seed, 
     assert chunked
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_bound_read_from_theta_after_a_sweep_is_the_bound_from_the_messages(seed):
+    """Right after a sweep every edge's least potential is 0, so the bound reads θ alone;
+    fresh, after a restore and after a new multiplier it must read the edges too. At each
+    point it equals the bound recomputed from the messages (to rounding)."""
+
+    def same(ascent: Ascent) -> None:
+        want = ascent.result().bound
+        assert ascent._st.bound() == pytest.approx(want, rel=1e-12, abs=1e-9)
+
+    for p in (random_problem(seed), routed_problem(seed), _moded_problem(seed)):
+        ascent = Ascent(p)
+        st = ascent._st
+        fresh = st.snapshot()
+        same(ascent)
+        for lam in (0.0, 0.5, 2.0):
+            st.set_lam(lam)
+            same(ascent)
+            st.sweep()
+            same(ascent)
+        st.restore(fresh)
+        same(ascent)
+
+
 def test_relax_grows_its_lp_columns_only_while_the_lp_value_falls(monkeypatch):
     """With the ascent held below the LP (no refine at the LP's multiplier), the rounds of
     the LP over near columns stop once more columns leave its value where it was: the
