@@ -150,36 +150,50 @@ def _distinct_dominated(
     return out
 
 
-def _prune_round(p: Problem, seen: dict[str, np.ndarray]) -> int:
+def _judge(
+    p: Problem,
+    r: str,
+    idx: np.ndarray,
+    edges: list[tuple[Edge, bool]],
+    seen: dict[str, np.ndarray] | None,
+) -> np.ndarray | None:
+    """Which of class r's allowed strategies ``idx`` are dominated (None: its features are
+    those ``seen`` holds from the round before, so none is). Its features are built here,
+    on the thread that judges it, and dropped after unless ``seen`` keeps them."""
+    f = _features(p, r, idx, edges)
+    last = seen.get(r) if seen is not None else None
+    if seen is not None:
+        seen[r] = f
+    if last is not None and last.shape == f.shape and np.array_equal(last, f):
+        return None
+    return dominated_in_blocks(f, idx // p.blocks[r][1] if r in p.blocks else None)
+
+
+def _prune_round(p: Problem, seen: dict[str, np.ndarray] | None) -> int:
     """One round over every class; ``seen`` holds each class's features from the round
     before, and a class whose features have not changed since is skipped: it lost no
-    strategy then (or its features would be shorter now), so none dominates another."""
+    strategy then (or its features would be shorter now), so none dominates another.
+    With ``seen`` None (no round follows) no class's features outlive its judging: on a
+    4-D mesh they are gigabytes together."""
     incident = p.incident()
-    todo: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    todo: list[tuple[str, np.ndarray]] = []
     for r, cost in p.linear.items():
         idx = np.flatnonzero(np.isfinite(cost))
-        if len(idx) < 2:
-            continue
-        f = _features(p, r, idx, incident[r])
-        last = seen.get(r)
-        seen[r] = f
-        if last is not None and last.shape == f.shape and np.array_equal(last, f):
-            continue
-        block = idx // p.blocks[r][1] if r in p.blocks else None
-        todo.append((r, idx, f, block))
+        if len(idx) >= 2:
+            todo.append((r, idx))
     # The big checks run on worker threads while this one checks the small classes: their
     # numpy passes over n x n arrays release the GIL.
     bad: dict[str, np.ndarray] = {}
     with ThreadPoolExecutor(_WORKERS) as pool:
         pending = {
-            r: pool.submit(dominated_in_blocks, f, block)
-            for r, idx, f, block in todo
+            r: pool.submit(_judge, p, r, idx, incident[r], seen)
+            for r, idx in todo
             if len(idx) >= _THREADED
         }
         small = [t for t in todo if t[0] not in pending]
-        for r, idx, f, block in small + [t for t in todo if t[0] in pending]:
-            drop = pending[r].result() if r in pending else dominated_in_blocks(f, block)
-            if drop.any():
+        for r, idx in small + [t for t in todo if t[0] in pending]:
+            drop = pending[r].result() if r in pending else _judge(p, r, idx, incident[r], seen)
+            if drop is not None and drop.any():
                 bad[r] = idx[drop]
     for r, gone in bad.items():  # after the loop: every class judged against the same sets
         p.linear[r][gone] = np.inf
@@ -191,8 +205,8 @@ def prune_dominated(p: Problem, *, max_rounds: int = 50) -> int:
     many were removed."""
     removed = 0
     seen: dict[str, np.ndarray] = {}
-    for _ in range(max_rounds):
-        n = _prune_round(p, seen)
+    for k in range(max_rounds):
+        n = _prune_round(p, seen if k + 1 < max_rounds else None)
         if n == 0:
             break
         removed += n
