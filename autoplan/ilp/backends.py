@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TextIO
 
 import numpy as np
 import pulp
@@ -213,50 +213,76 @@ def _strings(items: list[str]) -> np.ndarray:
     return out
 
 
+# Columns formatted per write of an MPS file: its lines are Python strings, one per matrix
+# entry, and a 4-D mesh's ILP has tens of millions of entries, gigabytes as strings at once.
+_MPS_COLUMNS = 1 << 16
+
+
 def write_mps(m: Matrix, path: str) -> None:
     """Free-format MPS: columns ``x<j>``, rows ``c<i>``, objective ``obj``; binaries in markers.
 
     Lines are made by concatenating object arrays of strings (names once per row and
     column, values once per distinct value) rather than one f-string per entry, which
-    is far slower on a large matrix.
+    is far slower on a large matrix, :data:`_MPS_COLUMNS` columns at a time.
     """
     rows = _strings([f" c{i}" for i in range(m.num_rows)])
-    cols = _strings([f" x{j}" for j in range(m.num_cols)])
     kinds = np.where(
         np.isneginf(m.row_lower), " L", np.where(np.isposinf(m.row_upper), " G", " E")
     ).astype(object)
-    # Every column's entries must be contiguous: the objective coefficient (row "obj",
-    # written for every column so that none goes undeclared) first, then its matrix rows.
-    num = np.diff(m.start)
-    col_of = np.repeat(np.arange(m.num_cols), num + 1)
-    heads = m.start[:-1] + np.arange(m.num_cols)  # position of each column's objective entry
-    body = np.ones(len(col_of), dtype=bool)
-    body[heads] = False
-    row_names = np.empty(len(col_of), dtype=object)
-    row_names[heads] = " obj "
-    row_names[body] = (rows + " ")[m.index]
-    values = np.empty(len(col_of))
-    values[heads] = m.cost
-    values[body] = m.value
-    entries = (cols[col_of] + row_names + _texts(values)).tolist()
     num_int = int(m.integer.sum())
     assert m.integer[:num_int].all(), "binary columns come first"
-    cut = int(m.start[num_int]) + num_int  # where the first continuous column begins
     rhs = np.where(np.isneginf(m.row_lower), m.row_upper, m.row_lower)
     set_rows = np.flatnonzero(rhs)
-    lines = ["NAME autoplan", "ROWS", " N obj", *(kinds + rows).tolist(), "COLUMNS"]
-    if num_int:
-        lines += [" M1 'MARKER' 'INTORG'", *entries[:cut], " M2 'MARKER' 'INTEND'"]
-    lines += entries[cut:]
-    lines.append("RHS")
-    lines += (" rhs" + rows[set_rows] + " " + _texts(rhs[set_rows])).tolist()
-    if m.offset:
-        lines.append(f" rhs obj {-m.offset!r}")  # MPS: the objective row's RHS is -offset
-    lines.append("BOUNDS")
-    lines += (" UP bnd" + cols + " " + _texts(m.upper)).tolist()
-    lines.append("ENDATA")
+    named = rows + " "
     with open(path, "w") as f:
+        _write_lines(f, ["NAME autoplan", "ROWS", " N obj", *(kinds + rows).tolist(), "COLUMNS"])
+        if num_int:
+            f.write(" M1 'MARKER' 'INTORG'\n")
+        for lo, hi in _spans(0, num_int):
+            _write_lines(f, _column_lines(m, named, lo, hi))
+        if num_int:
+            f.write(" M2 'MARKER' 'INTEND'\n")
+        for lo, hi in _spans(num_int, m.num_cols):
+            _write_lines(f, _column_lines(m, named, lo, hi))
+        f.write("RHS\n")
+        _write_lines(f, (" rhs" + rows[set_rows] + " " + _texts(rhs[set_rows])).tolist())
+        if m.offset:
+            f.write(f" rhs obj {-m.offset!r}\n")  # MPS: the objective row's RHS is -offset
+        f.write("BOUNDS\n")
+        for lo, hi in _spans(0, m.num_cols):
+            cols = _strings([f" UP bnd x{j} " for j in range(lo, hi)])
+            _write_lines(f, (cols + _texts(m.upper[lo:hi])).tolist())
+        f.write("ENDATA\n")
+
+
+def _spans(lo: int, hi: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` in pieces of :data:`_MPS_COLUMNS` columns."""
+    return [(a, min(a + _MPS_COLUMNS, hi)) for a in range(lo, hi, _MPS_COLUMNS)]
+
+
+def _write_lines(f: TextIO, lines: list[str]) -> None:
+    if lines:
         f.write("\n".join(lines) + "\n")
+
+
+def _column_lines(m: Matrix, row_names: np.ndarray, lo: int, hi: int) -> list[str]:
+    """The COLUMNS lines of columns ``lo`` to ``hi``: each column's entries contiguous, its
+    objective coefficient (row "obj", written for every column so that none goes
+    undeclared) first, then its matrix rows."""
+    first, last = int(m.start[lo]), int(m.start[hi])
+    num = np.diff(m.start[lo : hi + 1])
+    col_of = np.repeat(np.arange(hi - lo), num + 1)
+    heads = m.start[lo:hi] - first + np.arange(hi - lo)  # each column's objective entry
+    body = np.ones(len(col_of), dtype=bool)
+    body[heads] = False
+    names = np.empty(len(col_of), dtype=object)
+    names[heads] = " obj "
+    names[body] = row_names[m.index[first:last]]
+    values = np.empty(len(col_of))
+    values[heads] = m.cost[lo:hi]
+    values[body] = m.value[first:last]
+    cols = _strings([f" x{j}" for j in range(lo, hi)])
+    return (cols[col_of] + names + _texts(values)).tolist()
 
 
 def _write_start(x: np.ndarray, path: str) -> None:

@@ -147,6 +147,29 @@ def test_mps_file_reads_back_as_the_matrix(seed, tmp_path):
     assert -got["rhs"].get("obj", 0.0) == m.offset
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_mps_file_written_a_few_columns_at_a_time_is_the_file_written_at_once(
+    seed, tmp_path, monkeypatch
+):
+    """Pieces of one, two and five columns (binaries and continuous ones split across
+    pieces, the markers between) give the file, byte for byte, that one piece gives."""
+    from autoplan.ilp import backends
+
+    mixed = 0
+    for m in (emit(random_problem(seed)).matrix, emit(routed_problem(seed)).matrix):
+        m.offset = 0.5 * seed
+        mixed += 0 < int(m.integer.sum()) < m.num_cols
+        texts = []
+        for columns in (m.num_cols + 1, 1, 2, 5):
+            monkeypatch.setattr(backends, "_MPS_COLUMNS", columns)
+            path = tmp_path / f"m{columns}.mps"
+            write_mps(m, str(path))
+            texts.append(path.read_text())
+        assert texts[1:] == texts[:1] * 3
+        assert texts[0].count("\n\n") == 0  # no empty line where a piece was empty
+    assert mixed
+
+
 def test_stopped_solver_returning_lp_values_falls_back_to_the_incumbent(monkeypatch):
     """A MIP stopped on time that hands back fractional LP values yields the checked incumbent."""
     from autoplan.ilp.solver import solve as solve_module
