@@ -61,32 +61,28 @@ class End:
         self._step = max(1, _CHUNK // max(1, blocks * cols))
 
     def row_minima(self) -> np.ndarray:
-        """The least potential of each of this end's compact groups (inf where none)."""
-        edge, step = self.edge, self._step
+        """The least potential of each of this end's compact groups (inf where none): the
+        least over the other end's groups of prices less the other end's message."""
+        edge, step, axis = self.edge, self._step, self.axis
         blocks, rows, cols = edge.shape
         other = self.partner.msg.reshape(blocks, -1)
+        other = other[:, None, :] if axis == 0 else other[:, :, None]
         out: np.ndarray
         if not edge.size:
-            out = np.full((blocks, rows if self.axis == 0 else cols), np.inf)
-        elif self.axis == 0:  # per source group: the least over the destination's groups
-            if step >= rows:
-                out = (edge - other[:, None, :]).min(axis=2)
-            else:
-                out = np.empty((blocks, rows))
-                buf = np.empty((blocks, step, cols))
-                for lo in range(0, rows, step):
-                    part = buf[:, : min(step, rows - lo)]
-                    np.subtract(edge[:, lo : lo + step], other[:, None, :], out=part)
-                    np.minimum.reduce(part, axis=2, out=out[:, lo : lo + step])
-        elif step >= rows:  # per destination group: the least over the source's groups
-            out = (edge - other[:, :, None]).min(axis=1)
-        else:
-            out = np.full((blocks, cols), np.inf)
+            out = np.full((blocks, rows if axis == 0 else cols), np.inf)
+        elif step >= rows:  # in one piece: a small edge costs numpy calls, not arithmetic
+            out = (edge - other).min(axis=2 - axis)
+        else:  # a few rows at a time, in a buffer that stays in cache
+            out = np.empty((blocks, rows)) if axis == 0 else np.full((blocks, cols), np.inf)
             buf = np.empty((blocks, step, cols))
+            other = np.broadcast_to(other, edge.shape)  # a view: sliced by rows as the edge
             for lo in range(0, rows, step):
                 part = buf[:, : min(step, rows - lo)]
-                np.subtract(edge[:, lo : lo + step], other[:, lo : lo + step, None], out=part)
-                np.minimum(out, part.min(axis=1), out=out)
+                np.subtract(edge[:, lo : lo + step], other[:, lo : lo + step], out=part)
+                if axis == 0:
+                    np.minimum.reduce(part, axis=2, out=out[:, lo : lo + step])
+                else:
+                    np.minimum(out, part.min(axis=1), out=out)
         least = out.ravel()
         least -= self.msg
         return least
