@@ -115,22 +115,26 @@ class _Ascent:
         self.theta = dict(zip(self.names, cuts, strict=True))
         self._theta_starts = starts(cuts)
         self.pairs: list[tuple[End, End]] = []
+        settles = True
         self.ends: dict[str, list[End]] = {r: [] for r in self.names}
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
             mat = e.cost[np.ix_(s.present, d.present)].astype(np.float64)
             prices = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
-            s.attach(prices, d, e.cost.shape[0], pos[e.dst])
-            d.attach(prices, s, e.cost.shape[1], pos[e.src])
+            finite = np.isfinite(prices)
+            s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)
+            d.attach(prices, s, e.cost.shape[1], pos[e.src], finite)
+            # an edge with no finite price keeps the state unsettled (its least potential
+            # is inf)
+            settles = settles and bool(finite.any())
             self.pairs.append((s, d))
             self.ends[e.src].append(s)
             self.ends[e.dst].append(d)
         # whether the last change was a sweep, whose last visits leave every edge's least
-        # potential at 0 (up to rounding): its bound then reads θ alone. An edge with no
-        # finite price keeps it unsettled (its least potential is inf).
+        # potential at 0 (up to rounding): its bound then reads θ alone
         self._settled = False
-        self._can_settle = all(bool(np.isfinite(s.edge).any()) for s, _ in self.pairs)
+        self._can_settle = settles
         self.visits = {
             (r, forward): Visit(ends, [(end.other > pos[r]) == forward for end in ends])
             for r, ends in self.ends.items()

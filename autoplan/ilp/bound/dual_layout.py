@@ -51,13 +51,16 @@ class End:
         self.guard = False  # some group of this end has no finite price
         self.other = 0  # the position of the class at the other end
 
-    def attach(self, edge: np.ndarray, partner: End, size: int, other: int) -> None:
+    def attach(
+        self, edge: np.ndarray, partner: End, size: int, other: int, finite: np.ndarray
+    ) -> None:
         """Take the edge's compact prices (shared with ``partner``, the other end), this
-        end's group count before compacting and the other class's position."""
+        end's group count before compacting, the other class's position and which prices
+        are finite (computed once per edge, for both ends)."""
         self.edge, self.partner, self.size, self.other = edge, partner, size, other
         blocks, rows, cols = edge.shape
         self.msg = np.zeros(blocks * (rows if self.axis == 0 else cols))
-        self.guard = bool((~np.isfinite(edge)).all(axis=2 - self.axis).any())
+        self.guard = not bool(finite.any(axis=2 - self.axis).all())
         self._step = max(1, _CHUNK // max(1, blocks * cols))
 
     def row_minima(self) -> np.ndarray:
