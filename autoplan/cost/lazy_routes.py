@@ -51,12 +51,11 @@ class Prices:
         """Run the searches from ``rows`` not run yet, in one call, and keep them."""
         self._search(self._forward, self._rows, np.asarray(rows, dtype=np.int64), self._before)
 
-    def before(self, row: int) -> np.ndarray:
-        """Per state, the state before it on the cheapest route from ``row`` that
-        Dijkstra's search found (negative: ``row`` itself, or not reached)."""
-        if row not in self._before:
-            self.search_from(np.array([row]))
-        return self._before[row]
+    def before(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Per row of ``rows``: per state, the state before it on the cheapest route from
+        the row that Dijkstra's search found (negative: the row itself, or not reached)."""
+        self.search_from(rows)
+        return [self._before[row] for row in np.asarray(rows).tolist()]
 
     @staticmethod
     def _search(
@@ -140,10 +139,8 @@ class LazyNetwork(Routes):
         n = self.size
         marked = []
         starts = np.unique(sources)
-        self.prices.search_from(starts)
         sinks = np.asarray(sinks, dtype=np.int64)
-        for s in starts.tolist():
-            came = self.prices.before(s)
+        for s, came in zip(starts.tolist(), self.prices.before(starts), strict=True):
             # the states on a route to a sink, the source left out; each enters its arc
             on = np.zeros(n, dtype=bool)
             at = sinks[came[sinks] >= 0]
