@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.bound.dual_layout import End, Visit, diagonal_blocks, flat, starts
+from autoplan.ilp.bound.dual_layout import End, Potentials, Visit, diagonal_blocks, flat, starts
 from autoplan.ilp.bound.dual_seed import seed_messages, warm_fits
 from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind, find_root
 from autoplan.ilp.formulation.build import Warm
@@ -70,8 +70,9 @@ class Dual:
     ``bound + reduced[r][i]`` (inf where i cannot be chosen). ``lam`` is the memory
     multiplier in microseconds per MiB (0 without a binding budget); ``sweeps`` the
     forward-and-backward sweeps it took. ``theta`` and ``phi`` are the class and edge
-    potentials (inf where nothing can be chosen), ``a`` and ``b`` each edge's messages
-    at its source and destination, all indexed like the problem's own arrays;
+    potentials (inf where nothing can be chosen; an edge's read by row, column or whole,
+    :class:`~autoplan.ilp.bound.dual_layout.Potentials`), ``a`` and ``b`` each edge's
+    messages at its source and destination, all indexed like the problem's own arrays;
     ``low[k]`` is min φ_k and ``margin[k]`` φ_k's minimum over each source group's row
     and each destination group's column, less ``low[k]``.
     """
@@ -81,7 +82,7 @@ class Dual:
     lam: float
     sweeps: int
     theta: dict[str, np.ndarray]
-    phi: list[np.ndarray]
+    phi: list[Potentials]
     a: list[np.ndarray]
     b: list[np.ndarray]
     low: list[float]
@@ -354,13 +355,7 @@ def _finish(st: _Ascent, sweeps: int) -> Dual:
         theta[r] += lam * mem / MEMORY_UNIT
     a = [s.full_message() for s, _ in st.pairs]
     b = [d.full_message() for _, d in st.pairs]
-    phi = []
-    for k, e in enumerate(p.edges):
-        s, d = st.pairs[k]
-        f = np.full(e.cost.shape, np.inf)
-        block = np.ix_(s.present, d.present)
-        f[block] = e.cost[block] - a[k][s.present][:, None] - b[k][d.present][None, :]
-        phi.append(f)
+    phi = [Potentials(s, d) for s, d in st.pairs]
     for r, ends in st.ends.items():
         for end in ends:
             msg = a[end.k] if end.axis == 0 else b[end.k]
@@ -368,15 +363,12 @@ def _finish(st: _Ascent, sweeps: int) -> Dual:
             theta[r][end.bad] = np.inf
     least = np.minimum.reduce
     lows = {r: float(least(t)) for r, t in theta.items()}
-    edge_low = [float(least(f, axis=None)) for f in phi]
+    edge_low = [float(f.row_min.min(initial=np.inf)) for f in phi]
     bound = sum(lows.values()) + sum(edge_low)
     if lam and p.budget is not None:
         bound -= lam * p.budget / MEMORY_UNIT
     with np.errstate(invalid="ignore"):  # inf - inf where no plan exists at all
-        margin = [
-            (least(f, axis=1) - low, least(f, axis=0) - low)
-            for f, low in zip(phi, edge_low, strict=True)
-        ]
+        margin = [(f.row_min - low, f.col_min - low) for f, low in zip(phi, edge_low, strict=True)]
         reduced = {r: theta[r] - lows[r] for r in st.names}
         for r, ends in st.ends.items():
             for end in ends:

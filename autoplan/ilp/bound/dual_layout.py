@@ -2,12 +2,15 @@
 
 Input: one edge end's groups and allowed strategies (:class:`End`), the ends at a
 class (:class:`Visit`), lists of arrays (:func:`flat`). Output: the same data laid
-out so that a visit to a class costs a few numpy calls per class and per edge.
+out so that a visit to a class costs a few numpy calls per class and per edge, and an
+edge's potentials as the ascent's result reads them (:class:`Potentials`).
 
 Why: on small meshes the sweeps are numpy call overhead far more than arithmetic, so
 what a visit needs is gathered once, here, not per visit; on a 4-D mesh an edge holds
 millions of prices and a sweep is memory traffic, so an edge's potentials are formed
-from its prices and messages where they are read, not stored and rewritten.
+from its prices and messages where they are read, not stored and rewritten (nor, in
+the result, kept whole: an edge's full matrix is its groups squared, the blocks' a third
+of that under three checkpointing modes).
 """
 
 from __future__ import annotations
@@ -130,6 +133,80 @@ class Visit:
         if orders:
             self.order, self.starts = np.concatenate(orders), np.concatenate(starts)
             self.back = backs[0] if len(backs) == 1 else np.stack(backs)
+
+
+class Potentials:
+    """One edge's potentials φ = prices - source message - destination message, as a
+    :class:`~autoplan.ilp.bound.dual.Dual` reads them: the compact prices (shared with the
+    ascent's ends, never written) and copies of the two messages, formed per row, per
+    column or whole where read. Indexed by the edge's own groups (``shape``): a group no
+    allowed strategy maps to, or a pair outside the diagonal blocks, has φ = inf.
+    ``row_min``/``col_min`` are φ's least per source and per destination group."""
+
+    def __init__(self, s: End, d: End) -> None:
+        self.prices = s.edge
+        blocks, rows, cols = s.edge.shape
+        self.a = s.msg.reshape(blocks, rows).copy()  # the ends' messages move on
+        self.b = d.msg.reshape(blocks, cols).copy()
+        self.row_groups, self.col_groups = s.present, d.present  # sorted, as compacted
+        self.shape = (s.size, d.size)
+        self.row_min, self.col_min = self._minima()
+
+    def _minima(self) -> tuple[np.ndarray, np.ndarray]:
+        blocks, rows, cols = self.prices.shape
+        row_min, col_min = np.full(self.shape[0], np.inf), np.full(self.shape[1], np.inf)
+        if not self.prices.size:
+            return row_min, col_min
+        by_row, by_col = np.empty((blocks, rows)), np.full((blocks, cols), np.inf)
+        step = max(1, _CHUNK // max(1, blocks * cols))
+        for lo in range(0, rows, step):
+            part = self.prices[:, lo : lo + step] - self.a[:, lo : lo + step, None]
+            part -= self.b[:, None, :]
+            np.minimum.reduce(part, axis=2, out=by_row[:, lo : lo + step])
+            np.minimum(by_col, part.min(axis=1), out=by_col)
+        row_min[self.row_groups] = by_row.ravel()
+        col_min[self.col_groups] = by_col.ravel()
+        return row_min, col_min
+
+    def row(self, g: int) -> np.ndarray:
+        """φ[g, :], over every destination group."""
+        out = np.full(self.shape[1], np.inf)
+        at = _position(self.row_groups, g)
+        if at is not None:
+            block, i = divmod(at, self.prices.shape[1])
+            cols = self.prices.shape[2]
+            line = self.prices[block, i] - self.a[block, i]
+            out[self.col_groups[block * cols : (block + 1) * cols]] = line - self.b[block]
+        return out
+
+    def column(self, h: int) -> np.ndarray:
+        """φ[:, h], over every source group."""
+        out = np.full(self.shape[0], np.inf)
+        at = _position(self.col_groups, h)
+        if at is not None:
+            block, j = divmod(at, self.prices.shape[2])
+            rows = self.prices.shape[1]
+            line = self.prices[block, :, j] - self.a[block]
+            out[self.row_groups[block * rows : (block + 1) * rows]] = line - self.b[block, j]
+        return out
+
+    def full(self) -> np.ndarray:
+        """φ whole, shaped ``shape`` (for the small edges laid out as pair columns)."""
+        out = np.full(self.shape, np.inf)
+        _, rows, cols = self.prices.shape
+        for block, prices in enumerate(self.prices):
+            at = np.ix_(
+                self.row_groups[block * rows : (block + 1) * rows],
+                self.col_groups[block * cols : (block + 1) * cols],
+            )
+            out[at] = prices - self.a[block][:, None] - self.b[block][None, :]
+        return out
+
+
+def _position(sorted_groups: np.ndarray, g: int) -> int | None:
+    """Where group ``g`` sits in ``sorted_groups`` (None: absent)."""
+    at = int(np.searchsorted(sorted_groups, g))
+    return at if at < len(sorted_groups) and sorted_groups[at] == g else None
 
 
 def diagonal_blocks(mat: np.ndarray, count: int) -> np.ndarray:

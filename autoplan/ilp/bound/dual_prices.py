@@ -76,7 +76,7 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             d[cols.first_col + np.arange(len(arc))] = arc
         else:
             sel = cols >= 0
-            pair = phi - low + u[:, None] + v[None, :]
+            pair = phi.full() - low + u[:, None] + v[None, :]
             d[cols[sel]] = pair[sel]
 
 
@@ -96,10 +96,10 @@ def decode(p: Problem, dual: Dual) -> dict[str, int]:
             e, phi = p.edges[k], dual.phi[k]
             other = e.dst if is_src else e.src
             if other in choice:
-                at = (e.dst_group if is_src else e.src_group)[choice[other]]
-                vec = phi[:, at] if is_src else phi[at]
+                at = int((e.dst_group if is_src else e.src_group)[choice[other]])
+                vec = phi.column(at) if is_src else phi.row(at)
             else:
-                vec = phi.min(axis=1 if is_src else 0)
+                vec = phi.row_min if is_src else phi.col_min
             group = e.src_group if is_src else e.dst_group
             score = score + np.where(group >= 0, vec[np.maximum(group, 0)], np.inf)
         choice[r] = int(np.argmin(score))
