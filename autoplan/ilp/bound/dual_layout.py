@@ -150,15 +150,15 @@ class Potentials:
         self.b = d.msg.reshape(blocks, cols).copy()
         self.row_groups, self.col_groups = s.present, d.present  # sorted, as compacted
         self.shape = (s.size, d.size)
-        self.row_min, self.col_min = self._minima()
+        self.row_min, self.col_min = self._minima(s._step)
 
-    def _minima(self) -> tuple[np.ndarray, np.ndarray]:
+    def _minima(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """φ's least per row and per column, ``step`` rows at a time (the source end's)."""
         blocks, rows, cols = self.prices.shape
         row_min, col_min = np.full(self.shape[0], np.inf), np.full(self.shape[1], np.inf)
         if not self.prices.size:
             return row_min, col_min
         by_row, by_col = np.empty((blocks, rows)), np.full((blocks, cols), np.inf)
-        step = max(1, _CHUNK // max(1, blocks * cols))
         for lo in range(0, rows, step):
             part = self.prices[:, lo : lo + step] - self.a[:, lo : lo + step, None]
             part -= self.b[:, None, :]
