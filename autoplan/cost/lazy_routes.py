@@ -47,6 +47,14 @@ class Prices:
         """(every state, cols): the price to each of ``cols``."""
         return self._found(self._backward, self._cols, cols, None).T
 
+    def searched_from(self, rows: np.ndarray) -> bool:
+        """Whether the search from every one of ``rows`` is kept."""
+        return all(map(self._rows.__contains__, np.asarray(rows).tolist()))
+
+    def searched_to(self, cols: np.ndarray) -> bool:
+        """Whether the search toward every one of ``cols`` is kept."""
+        return all(map(self._cols.__contains__, np.asarray(cols).tolist()))
+
     def search_from(self, rows: np.ndarray) -> None:
         """Run the searches from ``rows`` not run yet, in one call, and keep them."""
         self._search(self._forward, self._rows, np.asarray(rows, dtype=np.int64), self._before)
@@ -114,10 +122,17 @@ class LazyNetwork(Routes):
         return LazyNetwork(states, src, dst, cost, Prices(len(states), src, dst, cost))
 
     def distances(self, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
-        # from the side of fewer distinct states: one Dijkstra each
-        forward = cols is None or (
-            rows is not None and len(np.unique(rows)) <= len(np.unique(cols))
-        )
+        # from a side whose searches are all kept (narrowing searched from every edge's
+        # rows), else from the side of fewer distinct states: one Dijkstra each
+        prices = self.prices
+        if rows is not None and prices.searched_from(rows):
+            forward = True
+        elif cols is not None and prices.searched_to(cols):
+            forward = False
+        else:
+            forward = cols is None or (
+                rows is not None and len(np.unique(rows)) <= len(np.unique(cols))
+            )
         if forward:
             out = self.prices.from_states(np.arange(self.size) if rows is None else rows)
             return out if cols is None else out[:, cols]

@@ -71,6 +71,30 @@ def test_a_lazy_network_narrowed_between_states_keeps_their_route_prices():
     )
 
 
+def test_distances_read_kept_searches_before_running_new_ones():
+    """After the narrowing searched from every source, an edge's prices from some of them
+    to fewer sinks are read off those searches (no search toward the sinks), and equal
+    the prices a fresh network finds toward the sinks."""
+    shape = (8, 16)
+    states = canonical(shape, MESH)
+    pricer = _pricer()
+    ids = np.array(pricer.ids(states))
+    src, dst = near_pairs(canonical_axes(shape, MESH))
+    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
+    net = LazyNetwork.of(tuple(states), src, dst, cost)
+    rng = np.random.default_rng(1)
+    sources = rng.choice(len(states), 50, replace=False)
+    sinks = rng.choice(len(states), 5, replace=False)
+    narrowed = net.between(sources, sinks)
+    rows = sources[:20]
+    found = narrowed.distances(rows, sinks)
+    assert not narrowed.prices.searched_to(sinks)  # read forward, though sinks are fewer
+    fresh = LazyNetwork.of(tuple(states), src, dst, cost)
+    toward = fresh.distances(rows, sinks)
+    assert fresh.prices.searched_to(sinks) and not fresh.prices.searched_from(rows)
+    np.testing.assert_allclose(found, toward, rtol=1e-12)
+
+
 def test_pair_prices_are_the_matrix_prices_bit_for_bit():
     states = canonical((8, 16), MESH)
     pricer = _pricer()
