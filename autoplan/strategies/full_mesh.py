@@ -100,16 +100,17 @@ def _by_candidate(
     unflatten some ``_StridedShard``) or answers with another count.
     """
     new = [c for c in cands if c not in memo]
-    if new:
+    for start in range(0, len(new), _BATCH):
+        batch = new[start : start + _BATCH]
         try:
-            found: list[Strategy] | None = _ask(node, mesh, lambda _: new, num_outs, None)
+            found: list[Strategy] | None = _ask(node, mesh, _each(batch), num_outs, None)
         except Exception:
             found = None
-        if found is not None and len(found) == len(new):
-            for cand, s in zip(new, found, strict=True):
+        if found is not None and len(found) == len(batch):
+            for cand, s in zip(batch, found, strict=True):
                 memo[cand] = check([s])
         else:
-            for cand in new:
+            for cand in batch:
                 try:
                     memo[cand] = check(_ask(node, mesh, _only(cand), num_outs, None))
                 except Exception:
@@ -117,9 +118,19 @@ def _by_candidate(
     return [s for cand in cands for s in memo[cand]]
 
 
+# Candidates asked about in one call: a strategy function lists, per answer, a cost
+# against every input candidate it was given, so a call's work grows as its square.
+_BATCH = 64
+
+
 def _only(cand: Placements) -> Candidates:
     """Candidates that offer every input ``cand`` alone."""
-    return lambda _: [cand]
+    return _each([cand])
+
+
+def _each(cands: list[Placements]) -> Candidates:
+    """Candidates that offer every input ``cands``."""
+    return lambda _: cands
 
 
 def _ask(

@@ -10,6 +10,7 @@ import autoplan
 from autoplan.core.placements import fmt
 from autoplan.models.llama3 import Transformer, tiny
 from autoplan.rewrite import rewrite
+from autoplan.strategies import full_mesh
 from autoplan.strategies.enumerate import enumerate_strategies
 from autoplan.strategies.ops import has_strided
 from autoplan.trace.capture import trace_joint
@@ -177,3 +178,32 @@ def test_split_factor_one_is_offered_by_views_but_never_expanded_on_mm():
             for s in n.strategies
         }
         assert len(seen) == len(n.strategies), f"{n.name} lists a layout twice"
+
+
+def test_candidates_asked_in_batches_give_the_strategies_asked_at_once(monkeypatch):
+    """A one-input full-mesh node's candidates are asked a batch at a time (cached run);
+    the uncached run asks all at once. Tiny batches must give the same strategies."""
+    with torch.device("meta"):
+        model = Transformer(tiny(2))
+    traced, _ = rewrite(
+        trace_joint(model, lambda: torch.randint(0, 128, (4, 16))), mm_mode="native"
+    )
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    monkeypatch.setattr(full_mesh, "_BATCH", 3)
+    asked: dict[str, list[int]] = {}  # one-input node -> candidates per call
+    real = full_mesh._ask
+
+    def ask(node, m, cands, *rest):
+        args = [a for a in node.all_input_nodes if "val" in a.meta]
+        if len(args) == 1 and not isinstance(node.args[0], (list, tuple)):
+            asked.setdefault(node.name, []).append(len(cands(args[0])))
+        return real(node, m, cands, *rest)
+
+    monkeypatch.setattr(full_mesh, "_ask", ask)
+    batched = enumerate_strategies(traced, mesh, mm_mode="native", cache=True)
+    assert max(n for calls in asked.values() for n in calls) <= 3
+    assert max(sum(calls) for calls in asked.values()) > 3  # some node took several batches
+    whole = enumerate_strategies(traced, mesh, mm_mode="native", cache=False)
+    for name in whole.nodes:
+        # repr, not ==: a masked partial's equality includes its per-run mask buffer
+        assert repr(batched.nodes[name].strategies) == repr(whole.nodes[name].strategies), name
