@@ -14,6 +14,8 @@ an edge's rows and to its columns, tens of states per network.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -54,6 +56,22 @@ class Prices:
     def searched_to(self, cols: np.ndarray) -> bool:
         """Whether the search toward every one of ``cols`` is kept."""
         return all(map(self._cols.__contains__, np.asarray(cols).tolist()))
+
+    def least(self, forward: bool, heads: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per state, the least over ``i`` of ``weights[i]`` (finite, >= 0) plus the price
+        from ``heads[i]`` (``forward``) or to it: one search, from a state added with a
+        move of price ``weights[i]`` into each ``heads[i]``, not one per head."""
+        graph = self._forward if forward else self._backward
+        n = graph.shape[0]
+        first = np.full(n, np.inf)
+        np.minimum.at(first, heads, weights)
+        at = np.flatnonzero(np.isfinite(first))
+        indptr = np.append(graph.indptr, graph.indptr[-1] + len(at))
+        indices = np.concatenate([graph.indices, at.astype(graph.indices.dtype)])
+        added = csr_array(
+            (np.concatenate([graph.data, first[at]]), indices, indptr), (n + 1, n + 1)
+        )
+        return dijkstra(added, directed=True, indices=n)[:n]
 
     def search_from(self, rows: np.ndarray) -> None:
         """Run the searches from ``rows`` not run yet, in one call, and keep them."""
@@ -139,6 +157,50 @@ class LazyNetwork(Routes):
         assert cols is not None
         out = self.prices.to_states(cols)
         return out if rows is None else out[rows]
+
+    def least_into(
+        self,
+        rows: np.ndarray,
+        states: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        found = self._least(True, rows, scales, plus - minus)
+        if found is None:
+            return super().least_into(rows, states, scales, minus, plus)
+        return found[states]
+
+    def least_out(
+        self,
+        states: np.ndarray,
+        cols: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        found = self._least(False, cols, scales, plus - minus)
+        if found is None:
+            return super().least_out(states, cols, scales, minus, plus)
+        return found[states]
+
+    def _least(
+        self, forward: bool, heads: np.ndarray, scales: Sequence[float], offset: np.ndarray
+    ) -> np.ndarray | None:
+        """Per state, the least over ``i`` of the price from ``heads[i]`` (``forward``)
+        or to it, scaled, plus ``offset[i]``: one search (:meth:`Prices.least`), the
+        offsets shifted to be >= 0. None when an offset is NaN or ``-inf`` (every state
+        then takes it, as the matrix would) or the scale is not positive."""
+        scale = math.prod(scales)
+        if np.isnan(offset).any() or (offset == -np.inf).any() or not 0 < scale < math.inf:
+            return None
+        per_price = offset / scale
+        ok = np.isfinite(per_price)
+        if not ok.any():
+            return np.full(self.size, np.inf)
+        low = per_price[ok].min()
+        found = self.prices.least(forward, heads[ok], per_price[ok] - low)
+        return (found + low) * scale
 
     def with_arcs(self, keep: np.ndarray) -> LazyNetwork:
         return LazyNetwork(

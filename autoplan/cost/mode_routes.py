@@ -16,6 +16,7 @@ route between the same states.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -92,6 +93,65 @@ class ModeRoutes(Routes):
                 out[np.ix_(starts, ends)] = block
         return out
 
+    def least_into(
+        self,
+        rows: np.ndarray,
+        states: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        """By blocks, as :meth:`distances`: an entry state from its own entry state, a
+        copy's from the entry states and the copy (``base``'s, scaled)."""
+        if not _blockwise(minus, plus):
+            return super().least_into(rows, states, scales, minus, plus)
+        n = self.base.size
+        row_block, row_at = np.divmod(np.asarray(rows), n)
+        block, at = np.divmod(np.asarray(states), n)
+        out = np.full(len(block), np.inf)
+        entry = row_block == 0
+        best = np.full(n, np.inf)
+        np.minimum.at(best, row_at[entry], (0.0 - minus[entry]) + plus[entry])
+        out[block == 0] = best[at[block == 0]]
+        for k, scale in enumerate(self.scales):
+            ends = block == k + 1
+            starts = entry | (row_block == k + 1)
+            if ends.any() and starts.any():
+                out[ends] = self.base.least_into(
+                    row_at[starts], at[ends], (scale, *scales), minus[starts], plus[starts]
+                )
+        return out
+
+    def least_out(
+        self,
+        states: np.ndarray,
+        cols: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        """By blocks, as :meth:`distances`: an entry state to its own entry state and into
+        every copy, a copy's state within its copy."""
+        if not _blockwise(minus, plus):
+            return super().least_out(states, cols, scales, minus, plus)
+        n = self.base.size
+        block, at = np.divmod(np.asarray(states), n)
+        col_block, col_at = np.divmod(np.asarray(cols), n)
+        out = np.full(len(block), np.inf)
+        entry = col_block == 0
+        best = np.full(n, np.inf)
+        np.minimum.at(best, col_at[entry], (0.0 - minus[entry]) + plus[entry])
+        out[block == 0] = best[at[block == 0]]
+        for k, scale in enumerate(self.scales):
+            starts = (block == 0) | (block == k + 1)
+            ends = col_block == k + 1
+            if ends.any() and starts.any():
+                found = self.base.least_out(
+                    at[starts], col_at[ends], (scale, *scales), minus[ends], plus[ends]
+                )
+                out[starts] = np.minimum(out[starts], found)
+        return out
+
     def with_arcs(self, keep: np.ndarray) -> ModeRoutes:
         kept = np.ones(self._count, dtype=bool) if self.kept is None else self.kept.copy()
         kept[np.flatnonzero(kept)[~keep]] = False
@@ -128,3 +188,10 @@ class ModeRoutes(Routes):
         return (
             self if self.kept is None and keep.all() else ModeRoutes(self.base, self.scales, keep)
         )
+
+
+def _blockwise(minus: np.ndarray, plus: np.ndarray) -> bool:
+    """Whether the least prices may be taken block by block: no offset is NaN or
+    ``-inf``, which the whole matrix would spread to every state."""
+    offset = plus - minus
+    return not (np.isnan(offset).any() or (offset == -np.inf).any())

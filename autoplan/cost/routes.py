@@ -68,6 +68,41 @@ class Routes(ABC):
     def with_arcs(self, keep: np.ndarray) -> Self:
         """The same network with only the arcs ``keep`` marks."""
 
+    def least_into(
+        self,
+        rows: np.ndarray,
+        states: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        """Per state of ``states``, the least over ``i`` of ``dist(rows[i], state)``
+        times each of ``scales`` in turn, less ``minus[i]``, plus ``plus[i]`` (NaN
+        propagates, as :func:`numpy.minimum` does)."""
+        into = self.distances(rows, states)
+        for scale in scales:
+            into = into * scale
+        into -= minus[:, None]
+        into += plus[:, None]
+        return np.minimum.reduce(into, axis=0)
+
+    def least_out(
+        self,
+        states: np.ndarray,
+        cols: np.ndarray,
+        scales: Sequence[float],
+        minus: np.ndarray,
+        plus: np.ndarray,
+    ) -> np.ndarray:
+        """Per state of ``states``, the least over ``j`` of ``dist(state, cols[j])``
+        scaled, less ``minus[j]``, plus ``plus[j]`` (as :meth:`least_into`)."""
+        out = self.distances(states, cols)
+        for scale in scales:
+            out = out * scale
+        out -= minus[None, :]
+        out += plus[None, :]
+        return np.minimum.reduce(out, axis=1)
+
     @cached_property
     def _moves(self) -> np.ndarray:
         return self._move_mask()

@@ -64,15 +64,11 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             # moves, and its arcs touch only some of them
             starts, start_of = np.unique(net.arc_src, return_inverse=True)
             ends, end_of = np.unique(net.arc_dst, return_inverse=True)
-            into = net.distances(cols.row_state, starts) * cols.scale
-            into -= dual.a[k][:, None]
-            into += u[:, None]
-            out = net.distances(ends, cols.col_state) * cols.scale
-            out -= dual.b[k][None, :]
-            out += v[None, :]
-            least = np.minimum.reduce
-            arc = least(into, axis=0)[start_of] + net.arc_cost * cols.scale
-            arc = arc + least(out, axis=1)[end_of] - low
+            scale = (cols.scale,)
+            into = net.least_into(cols.row_state, starts, scale, dual.a[k], u)
+            out = net.least_out(ends, cols.col_state, scale, dual.b[k], v)
+            arc = into[start_of] + net.arc_cost * cols.scale
+            arc = arc + out[end_of] - low
             d[cols.first_col + np.arange(len(arc))] = arc
         else:
             sel = cols >= 0

@@ -148,6 +148,56 @@ def test_a_network_per_mode_prices_as_the_closure_of_its_own_moves(seed):
         assert sum(own[x, y] for x, y in itertools.pairwise(path)) == full[a, b]
 
 
+def _least_by_matrix(dist, rows, cols, scales, minus, plus, axis):
+    """The least route prices the matrix way: every pair, then the least per state."""
+    m = dist[np.ix_(rows, cols)]
+    for scale in scales:
+        m = m * scale
+    if axis == 0:
+        return np.minimum.reduce(m - minus[:, None] + plus[:, None], axis=0)
+    return np.minimum.reduce(m - minus[None, :] + plus[None, :], axis=1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_least_route_prices_equal_the_matrix_ones(seed):
+    """Per state, the least over an edge's rows (or columns) of the route price plus an
+    offset: a dense network and a moded one over it the same to the last bit; a lazy
+    network and a moded one over it, by one search from an added state, to the float
+    sums; a head whose offset is the least (an added move of price 0) counts; a NaN
+    offset spreads to every state, as in the matrix."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    direct = _random_direct(seed, n, free=0.3)
+    dist = closure(direct)
+    arc_src, arc_dst = np.nonzero(np.isfinite(direct) & ~np.eye(n, dtype=bool))
+    dense = Network(tuple(range(n)), dist, arc_src, arc_dst, direct[arc_src, arc_dst])
+    lazy = LazyNetwork.of(tuple(range(n)), arc_src, arc_dst, direct[arc_src, arc_dst])
+    for net, exact in ((dense, True), (lazy, False)):
+        for moded in (False, True):
+            routes = ModeRoutes(net, (1.0, 2.0)) if moded else net
+            full = routes.distances(None, None)
+            size = routes.size
+            for k in (1, 5):
+                heads = rng.choice(size, k)
+                states = rng.choice(size, 6, replace=False)
+                minus, plus = rng.normal(0, 3, k), rng.normal(0, 3, k)
+                if k > 1:
+                    plus[0] = math.inf  # a group no strategy reaches
+                for axis, args in ((0, (heads, states)), (1, (states, heads))):
+                    got = (routes.least_into if axis == 0 else routes.least_out)(
+                        *args, (2.0, 0.5), minus, plus
+                    )
+                    want = _least_by_matrix(full, *args, (2.0, 0.5), minus, plus, axis)
+                    if exact:
+                        np.testing.assert_array_equal(got, want)
+                    else:
+                        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            nan = np.array([math.inf, 0.0])
+            with np.errstate(invalid="ignore"):  # inf - inf, as dual_prices allows
+                got = routes.least_into(np.array([0, 1]), np.arange(size), (1.0,), nan, nan)
+            assert np.isnan(got).all()
+
+
 def _router(mesh_shape, topology=None) -> Router:
     topo = topology or Topology()
     return Router(EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(topo))))
