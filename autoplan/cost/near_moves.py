@@ -56,23 +56,28 @@ def near_pairs(per_axis: Sequence[Sequence[Placement]]) -> tuple[np.ndarray, np.
     for changes in _counted(per_axis, index):
         moved = {a for a, _, _ in changes}
         local = all(f == replicated[a] for a, f, _ in changes)
+        at = np.ones(option.shape[1], dtype=bool)
+        for a, f, _ in changes:
+            at &= option[a] == f
+        delta = sum((t - f) * stride[a] for a, f, t in changes)
         # with local changes (from R) on any of the other axes: they run first, on the
-        # whole tensor, and may shrink what the change moves
-        others = [
-            [None, *((a, r, t) for t in range(sizes[a]) if t != r)]
-            for a in range(len(sizes))
-            if a not in moved and (r := replicated[a]) is not None
-        ]
-        for extra in itertools.product(*others):
-            added = [e for e in extra if e is not None]
-            if added and local:
-                continue  # local changes alone: made of one-axis moves, free
-            at = np.ones(option.shape[1], dtype=bool)
-            for a, f, _ in (*changes, *added):
-                at &= option[a] == f
-            found = np.flatnonzero(at)
-            src.append(found)
-            dst.append(found + sum((t - f) * stride[a] for a, f, t in (*changes, *added)))
+        # whole tensor, and may shrink what the change moves; per set of such axes, the
+        # states R there and every choice of their targets at once
+        others = [a for a in range(len(sizes)) if a not in moved and replicated[a] is not None]
+        for k in range(len(others) + 1):
+            if k and local:
+                break  # local changes alone: made of one-axis moves, free
+            for chosen in itertools.combinations(others, k):
+                where = at.copy()
+                shifts = np.zeros(1, dtype=np.int64)
+                for a in chosen:
+                    r = replicated[a]
+                    where &= option[a] == r
+                    steps = np.array([(t - r) * stride[a] for t in range(sizes[a]) if t != r])
+                    shifts = (shifts[:, None] + steps[None, :]).ravel()
+                found = np.flatnonzero(where)
+                src.append(np.repeat(found, len(shifts)))
+                dst.append((found[:, None] + (delta + shifts)[None, :]).ravel())
     if not src:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     n = option.shape[1]
