@@ -5,7 +5,10 @@ more). Input: a network's states and its priced moves (the near moves of
 :mod:`autoplan.cost.near_moves` between its waypoints, and every move into and out of the
 edges' own placements). Output: a :class:`~autoplan.cost.routes.Routes` whose
 :meth:`~LazyNetwork.distances` runs Dijkstra's algorithm (scipy's csgraph) from the
-states asked for, forward from sources or backward from sinks, and keeps each row.
+states asked for, forward from sources or backward from sinks, and keeps each row;
+:meth:`~LazyNetwork.least_into` and :meth:`~LazyNetwork.least_out` (what the column
+prices read: per state, the least route price plus an offset over many sources) run one
+search from a state added before them.
 
 Why: a :class:`~autoplan.cost.routes.Network` closes all pairs (Floyd-Warshall, n passes
 over n x n), and on a 4-D mesh n is 1 296 to 2 401; the planner asks for the prices from
