@@ -6,9 +6,8 @@ more). Input: a network's states and its priced moves (the near moves of
 edges' own placements). Output: a :class:`~autoplan.cost.routes.Routes` whose
 :meth:`~LazyNetwork.distances` runs Dijkstra's algorithm (scipy's csgraph) from the
 states asked for, forward from sources or backward from sinks, and keeps each row;
-:meth:`~LazyNetwork.least_into` and :meth:`~LazyNetwork.least_out` (what the column
-prices read: per state, the least route price plus an offset over many sources) run one
-search from a state added before them.
+:meth:`~LazyNetwork.least` (what the column prices read: per state, the least route
+price plus an offset over many sources) runs one search from a state added before them.
 
 Why: a :class:`~autoplan.cost.routes.Network` closes all pairs (Floyd-Warshall, n passes
 over n x n), and on a 4-D mesh n is 1 296 to 2 401; the planner asks for the prices from
@@ -161,30 +160,19 @@ class LazyNetwork(Routes):
         out = self.prices.to_states(cols)
         return out if rows is None else out[rows]
 
-    def least_into(
+    def least(
         self,
-        rows: np.ndarray,
+        heads: np.ndarray,
         states: np.ndarray,
         scales: Sequence[float],
         minus: np.ndarray,
         plus: np.ndarray,
+        *,
+        forward: bool,
     ) -> np.ndarray:
-        found = self._least(True, rows, scales, plus - minus)
+        found = self._least(forward, heads, scales, plus - minus)
         if found is None:
-            return super().least_into(rows, states, scales, minus, plus)
-        return found[states]
-
-    def least_out(
-        self,
-        states: np.ndarray,
-        cols: np.ndarray,
-        scales: Sequence[float],
-        minus: np.ndarray,
-        plus: np.ndarray,
-    ) -> np.ndarray:
-        found = self._least(False, cols, scales, plus - minus)
-        if found is None:
-            return super().least_out(states, cols, scales, minus, plus)
+            return super().least(heads, states, scales, minus, plus, forward=forward)
         return found[states]
 
     def _least(

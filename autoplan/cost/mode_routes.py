@@ -93,63 +93,44 @@ class ModeRoutes(Routes):
                 out[np.ix_(starts, ends)] = block
         return out
 
-    def least_into(
+    def least(
         self,
-        rows: np.ndarray,
+        heads: np.ndarray,
         states: np.ndarray,
         scales: Sequence[float],
         minus: np.ndarray,
         plus: np.ndarray,
+        *,
+        forward: bool,
     ) -> np.ndarray:
-        """By blocks, as :meth:`distances`: an entry state from its own entry state, a
-        copy's from the entry states and the copy (``base``'s, scaled)."""
+        """By blocks, as :meth:`distances`: between entry states, each with itself; from
+        an entry state into copy k and within copy k, ``base``'s, scaled."""
         if not _blockwise(minus, plus):
-            return super().least_into(rows, states, scales, minus, plus)
+            return super().least(heads, states, scales, minus, plus, forward=forward)
         n = self.base.size
-        row_block, row_at = np.divmod(np.asarray(rows), n)
+        head_block, head_at = np.divmod(np.asarray(heads), n)
         block, at = np.divmod(np.asarray(states), n)
         out = np.full(len(block), np.inf)
-        entry = row_block == 0
+        entry = head_block == 0
         best = np.full(n, np.inf)
-        np.minimum.at(best, row_at[entry], (0.0 - minus[entry]) + plus[entry])
+        np.minimum.at(best, head_at[entry], (0.0 - minus[entry]) + plus[entry])
         out[block == 0] = best[at[block == 0]]
         for k, scale in enumerate(self.scales):
-            ends = block == k + 1
-            starts = entry | (row_block == k + 1)
-            if ends.any() and starts.any():
-                out[ends] = self.base.least_into(
-                    row_at[starts], at[ends], (scale, *scales), minus[starts], plus[starts]
+            # the route's start may be an entry state: a head's going forward, a state's back
+            if forward:
+                ours, theirs = block == k + 1, entry | (head_block == k + 1)
+            else:
+                ours, theirs = (block == 0) | (block == k + 1), head_block == k + 1
+            if ours.any() and theirs.any():
+                found = self.base.least(
+                    head_at[theirs],
+                    at[ours],
+                    (scale, *scales),
+                    minus[theirs],
+                    plus[theirs],
+                    forward=forward,
                 )
-        return out
-
-    def least_out(
-        self,
-        states: np.ndarray,
-        cols: np.ndarray,
-        scales: Sequence[float],
-        minus: np.ndarray,
-        plus: np.ndarray,
-    ) -> np.ndarray:
-        """By blocks, as :meth:`distances`: an entry state to its own entry state and into
-        every copy, a copy's state within its copy."""
-        if not _blockwise(minus, plus):
-            return super().least_out(states, cols, scales, minus, plus)
-        n = self.base.size
-        block, at = np.divmod(np.asarray(states), n)
-        col_block, col_at = np.divmod(np.asarray(cols), n)
-        out = np.full(len(block), np.inf)
-        entry = col_block == 0
-        best = np.full(n, np.inf)
-        np.minimum.at(best, col_at[entry], (0.0 - minus[entry]) + plus[entry])
-        out[block == 0] = best[at[block == 0]]
-        for k, scale in enumerate(self.scales):
-            starts = (block == 0) | (block == k + 1)
-            ends = col_block == k + 1
-            if ends.any() and starts.any():
-                found = self.base.least_out(
-                    at[starts], col_at[ends], (scale, *scales), minus[ends], plus[ends]
-                )
-                out[starts] = np.minimum(out[starts], found)
+                out[ours] = np.minimum(out[ours], found)
         return out
 
     def with_arcs(self, keep: np.ndarray) -> ModeRoutes:

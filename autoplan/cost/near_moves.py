@@ -63,15 +63,14 @@ def near_pairs(per_axis: Sequence[Sequence[Placement]]) -> tuple[np.ndarray, np.
         # with local changes (from R) on any of the other axes: they run first, on the
         # whole tensor, and may shrink what the change moves; per set of such axes, the
         # states R there and every choice of their targets at once
-        others = [a for a in range(len(sizes)) if a not in moved and replicated[a] is not None]
+        others = [(a, r) for a, r in enumerate(replicated) if a not in moved and r is not None]
         for k in range(len(others) + 1):
             if k and local:
                 break  # local changes alone: made of one-axis moves, free
             for chosen in itertools.combinations(others, k):
                 where = at.copy()
                 shifts = np.zeros(1, dtype=np.int64)
-                for a in chosen:
-                    r = replicated[a]
+                for a, r in chosen:
                     where &= option[a] == r
                     steps = np.array([(t - r) * stride[a] for t in range(sizes[a]) if t != r])
                     shifts = (shifts[:, None] + steps[None, :]).ravel()

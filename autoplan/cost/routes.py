@@ -68,40 +68,25 @@ class Routes(ABC):
     def with_arcs(self, keep: np.ndarray) -> Self:
         """The same network with only the arcs ``keep`` marks."""
 
-    def least_into(
+    def least(
         self,
-        rows: np.ndarray,
+        heads: np.ndarray,
         states: np.ndarray,
         scales: Sequence[float],
         minus: np.ndarray,
         plus: np.ndarray,
+        *,
+        forward: bool,
     ) -> np.ndarray:
-        """Per state of ``states``, the least over ``i`` of ``dist(rows[i], state)``
-        times each of ``scales`` in turn, less ``minus[i]``, plus ``plus[i]`` (NaN
-        propagates, as :func:`numpy.minimum` does)."""
-        into = self.distances(rows, states)
+        """Per state of ``states``, the least over ``i`` of the route price from
+        ``heads[i]`` (``forward``) or to it, times each of ``scales`` in turn, less
+        ``minus[i]``, plus ``plus[i]`` (NaN propagates, as :func:`numpy.minimum` does)."""
+        prices = self.distances(heads, states) if forward else self.distances(states, heads).T
         for scale in scales:
-            into = into * scale
-        into -= minus[:, None]
-        into += plus[:, None]
-        return np.minimum.reduce(into, axis=0)
-
-    def least_out(
-        self,
-        states: np.ndarray,
-        cols: np.ndarray,
-        scales: Sequence[float],
-        minus: np.ndarray,
-        plus: np.ndarray,
-    ) -> np.ndarray:
-        """Per state of ``states``, the least over ``j`` of ``dist(state, cols[j])``
-        scaled, less ``minus[j]``, plus ``plus[j]`` (as :meth:`least_into`)."""
-        out = self.distances(states, cols)
-        for scale in scales:
-            out = out * scale
-        out -= minus[None, :]
-        out += plus[None, :]
-        return np.minimum.reduce(out, axis=1)
+            prices = prices * scale
+        prices = prices - minus[:, None]
+        prices = prices + plus[:, None]
+        return np.minimum.reduce(prices, axis=0)
 
     @cached_property
     def _moves(self) -> np.ndarray:

@@ -65,8 +65,8 @@ def _fill(p: Problem, em: Emitted, dual: Dual, d: np.ndarray) -> None:
             starts, start_of = np.unique(net.arc_src, return_inverse=True)
             ends, end_of = np.unique(net.arc_dst, return_inverse=True)
             scale = (cols.scale,)
-            into = net.least_into(cols.row_state, starts, scale, dual.a[k], u)
-            out = net.least_out(ends, cols.col_state, scale, dual.b[k], v)
+            into = net.least(cols.row_state, starts, scale, dual.a[k], u, forward=True)
+            out = net.least(cols.col_state, ends, scale, dual.b[k], v, forward=False)
             arc = into[start_of] + net.arc_cost * cols.scale
             arc = arc + out[end_of] - low
             d[cols.first_col + np.arange(len(arc))] = arc
