@@ -95,9 +95,9 @@ def _by_candidate(
     """The strategies of a one-input node, candidate by candidate through ``memo``.
 
     DTensor's full-mesh functions answer each input strategy on its own, one output
-    strategy each: the new candidates are asked about together and the answers read
-    in order, or one at a time when the function refuses one of them (a view cannot
-    unflatten some ``_StridedShard``) or answers with another count.
+    strategy each: the new candidates are asked about :data:`_BATCH` at a time and the
+    answers read in order, or one at a time when the function refuses one of a batch (a
+    view cannot unflatten some ``_StridedShard``) or answers with another count.
     """
     new = [c for c in cands if c not in memo]
     for start in range(0, len(new), _BATCH):
