@@ -26,7 +26,7 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import dijkstra
 
 from autoplan.core.placements import Placements
-from autoplan.cost.routes import Routes
+from autoplan.cost.routes import Routes, spreads
 
 __all__ = ["LazyNetwork", "Prices"]
 
@@ -170,7 +170,7 @@ class LazyNetwork(Routes):
         *,
         forward: bool,
     ) -> np.ndarray:
-        found = self._least(forward, heads, scales, plus - minus)
+        found = None if spreads(minus, plus) else self._least(forward, heads, scales, plus - minus)
         if found is None:
             return super().least(heads, states, scales, minus, plus, forward=forward)
         return found[states]
@@ -180,10 +180,10 @@ class LazyNetwork(Routes):
     ) -> np.ndarray | None:
         """Per state, the least over ``i`` of the price from ``heads[i]`` (``forward``)
         or to it, scaled, plus ``offset[i]``: one search (:meth:`Prices.least`), the
-        offsets shifted to be >= 0. None when an offset is NaN or ``-inf`` (every state
-        then takes it, as the matrix would) or the scale is not positive."""
+        offsets (neither NaN nor ``-inf``) shifted to be >= 0. None when the scale is not
+        positive."""
         scale = math.prod(scales)
-        if np.isnan(offset).any() or (offset == -np.inf).any() or not 0 < scale < math.inf:
+        if not 0 < scale < math.inf:
             return None
         per_price = offset / scale
         ok = np.isfinite(per_price)

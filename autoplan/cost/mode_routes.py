@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from autoplan.cost.routes import Routes
+from autoplan.cost.routes import Routes, spreads
 
 __all__ = ["ModeRoutes"]
 
@@ -105,7 +105,7 @@ class ModeRoutes(Routes):
     ) -> np.ndarray:
         """By blocks, as :meth:`distances`: between entry states, each with itself; from
         an entry state into copy k and within copy k, ``base``'s, scaled."""
-        if not _blockwise(minus, plus):
+        if spreads(minus, plus):
             return super().least(heads, states, scales, minus, plus, forward=forward)
         n = self.base.size
         head_block, head_at = np.divmod(np.asarray(heads), n)
@@ -169,10 +169,3 @@ class ModeRoutes(Routes):
         return (
             self if self.kept is None and keep.all() else ModeRoutes(self.base, self.scales, keep)
         )
-
-
-def _blockwise(minus: np.ndarray, plus: np.ndarray) -> bool:
-    """Whether the least prices may be taken block by block: no offset is NaN or
-    ``-inf``, which the whole matrix would spread to every state."""
-    offset = plus - minus
-    return not (np.isnan(offset).any() or (offset == -np.inf).any())

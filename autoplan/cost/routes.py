@@ -254,6 +254,13 @@ class Network(Routes):
         return src, dst, self.dist[src, dst]
 
 
+def spreads(minus: np.ndarray, plus: np.ndarray) -> bool:
+    """Whether an offset ``plus - minus`` of :meth:`Routes.least` is NaN or ``-inf``: the
+    whole matrix then carries it to every state, so no shortcut may skip a row."""
+    offset = plus - minus
+    return bool(np.isnan(offset).any() or (offset == -np.inf).any())
+
+
 def _reached(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``dist`` with NaN where no route reaches, and the largest price still tight."""
     return np.where(np.isfinite(dist), dist, np.nan), dist * (1 + _TIGHT) + _TIGHT
