@@ -190,9 +190,10 @@ class _Ascent:
         for end, c in zip(ends, gave, strict=True):
             end.take(c)
 
-    def converge(self, rise: float = ASCENT_CONVERGED_SEARCH) -> int:
-        """Sweep until a sweep raises the bound by less than ``rise`` of it; returns the
-        sweeps made."""
+    def converge(self, rise: float = ASCENT_CONVERGED_SEARCH, reach: float = -math.inf) -> int:
+        """Sweep until a sweep raises the bound by less than ``rise`` of it, or until the
+        bound can no longer get to ``reach`` in the sweeps left at the last sweep's rise;
+        returns the sweeps made."""
         last = self.bound()
         for n in range(1, _MAX_SWEEPS + 1):
             self.sweep()
@@ -201,6 +202,10 @@ class _Ascent:
                 return n  # an infinite bound: some edge has no possible move
             if self._past_deadline():
                 return n  # out of time: the bound so far is as valid
+            # a sweep's rise shrinks as the sweeps settle: a bound this far below the
+            # mark, rising this slowly, stays below it
+            if now + (_MAX_SWEEPS - n) * (now - last) < reach:
+                return n
             last = now
         return _MAX_SWEEPS
 
@@ -288,11 +293,13 @@ class Ascent:
 
     def refine(self, lam: float, rise: float = ASCENT_CONVERGED_REFINE) -> bool:
         """Sweep at multiplier ``lam`` (e.g. the LP's) until a sweep raises the bound by
-        less than ``rise`` of it; kept only if the bound rises, which the return value says."""
+        less than ``rise`` of it, or it can no longer pass the bound it started from
+        (:meth:`_Ascent.converge`); kept only if the bound rises, which the return value
+        says."""
         st = self._st
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
-        self.sweeps += st.converge(rise)
+        self.sweeps += st.converge(rise, reach=before)
         if st.bound() > before:
             return True
         st.restore(snap)

@@ -54,6 +54,13 @@ _NEAR_SHARE = 0.05
 _NEAR_GROWTH = 5.0
 _NEAR_ROUNDS = 3
 _MET = 0.05
+# A round's LP takes at most this many times the columns of the round before, those of
+# least price: an LP's time grows faster than its columns, and a round's distance to the
+# bound can ask for nearly every column at once...
+_COLUMN_GROWTH = 2.0
+# ... or this many, whichever is more: an LP this small solves in seconds, and cutting
+# it leaves duals far from the whole LP's (a weak bound, a large MIP after).
+_FEW_COLUMNS = 200_000
 
 
 def _per_class(
@@ -183,13 +190,14 @@ def relax(
     x, keep = x0.copy(), x0 > 0  # the decoded plan alone is a feasible LP solution
     near = _NEAR_SHARE * (found[1] - dual.bound)
     out_of_time = ascent.out_of_time
-    last = math.inf
+    last, most = math.inf, math.inf
     for _ in range(_NEAR_ROUNDS):
         left = _left(time_limit_s, began)
         if left is not None and left <= 0.0:
             out_of_time = True
             break  # out of time: the decoded plan and the bound so far stand
-        keep = (dj <= max(near, _USED_SHARE * abs(dual.bound))) | (x0 > 0)
+        keep = _cheapest(dj, max(near, _USED_SHARE * abs(dual.bound)), x0 > 0, most)
+        most = max(_COLUMN_GROWTH * keep.sum(), _FEW_COLUMNS)
         lp = run(m.columns(keep), solver, mip=False, time_limit_s=left, mip_gap=0.0)
         out_of_time |= lp.stopped_by == "time"
         x = x0.copy()
@@ -230,6 +238,21 @@ def relax(
         out_of_time=out_of_time or ascent.out_of_time,
         dual=dual,
     )
+
+
+def _cheapest(dj: np.ndarray, near: float, used: np.ndarray, most: float) -> np.ndarray:
+    """The columns priced within ``near`` and the ``used`` ones; over ``most`` columns,
+    the used and then the least priced up to ``most`` (ties by column)."""
+    keep = (dj <= near) | used
+    if keep.sum() <= most:
+        return keep
+    extra = int(most) - int(used.sum())
+    if extra <= 0:
+        return used.copy()
+    order = np.argsort(np.where(used | (dj > near), np.inf, dj), kind="stable")
+    keep = used.copy()
+    keep[order[:extra]] = True
+    return keep
 
 
 def _left(time_limit_s: float | None, began: float) -> float | None:

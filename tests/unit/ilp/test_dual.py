@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autoplan.ilp.backends import run
-from autoplan.ilp.bound.dual import Ascent, ascend
+from autoplan.ilp.bound.dual import Ascent, _Ascent, ascend
 from autoplan.ilp.bound.dual_layout import diagonal_blocks
 from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.bound.incumbent import cost_of, from_plan, memory_of
@@ -365,3 +365,58 @@ def test_a_multiplier_from_a_nearly_equal_solve_only_raises_the_bound():
             assert all(bound <= cost + 1e-9 * max(1.0, cost) for _, cost in plans)
             higher += lam == lp_lam and bound > alone.result().bound * (1 + 1e-6)
     assert higher
+
+
+def test_a_refine_that_cannot_pass_its_first_bound_gives_up_early(monkeypatch):
+    """At a multiplier far off, refine stops once the bound, rising at its last sweep's
+    rate, cannot pass the bound it began from: never more sweeps than converging to the
+    tolerance, fewer on some problem, and the same bound kept."""
+    converge = _Ascent.converge
+
+    def refined(p: Problem, lam: float, reach: bool) -> tuple[bool, int, float]:
+        ascent = Ascent(p)
+        ascent.raise_bound()
+        sweeps = ascent.sweeps
+        if not reach:
+            monkeypatch.setattr(_Ascent, "converge", lambda st, rise, reach: converge(st, rise))
+        kept = ascent.refine(lam)
+        monkeypatch.setattr(_Ascent, "converge", converge)
+        return kept, ascent.sweeps - sweeps, ascent.result().bound
+
+    fewer = 0
+    for p in [random_problem(s) for s in range(40)] + [routed_problem(s) for s in range(40)]:
+        if p.budget is None:
+            continue
+        lam = 10.0 * ascend(p).lam + 10.0
+        kept, sweeps, bound = refined(p, lam, reach=True)
+        kept_all, sweeps_all, bound_all = refined(p, lam, reach=False)
+        assert sweeps <= sweeps_all
+        if not kept_all:  # the bound it began from, either way
+            assert not kept and bound == bound_all
+        fewer += sweeps < sweeps_all
+    assert fewer
+
+
+def test_a_relax_round_keeps_the_used_and_then_the_least_priced_columns_up_to_its_cap():
+    """The columns of an LP round: those priced within ``near`` and the used ones; over the
+    cap, the used and then the least priced (ties by column), never one priced past near."""
+    from autoplan.ilp.bound.relax import _cheapest
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        dj = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0, 8.0], 40)
+        used = rng.random(40) < 0.2
+        near = float(rng.choice([2.0, 5.0]))
+        plain = (dj <= near) | used
+        assert (_cheapest(dj, near, used, math.inf) == plain).all()
+        most = int(rng.integers(1, 40))
+        keep = _cheapest(dj, near, used, most)
+        assert (keep >= used).all() and not (keep & ~plain).any()
+        assert keep.sum() == max(min(most, plain.sum()), used.sum())
+        extra = keep & ~used
+        left = plain & ~keep
+        if extra.any() and left.any():  # nothing left out is cheaper than what was taken
+            worst = dj[extra].max()
+            assert dj[left].min() >= worst
+            tied = np.flatnonzero(left & (dj == worst))
+            assert not len(tied) or tied.min() > np.flatnonzero(extra & (dj == worst)).max()
