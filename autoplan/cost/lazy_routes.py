@@ -170,7 +170,8 @@ class LazyNetwork(Routes):
         *,
         forward: bool,
     ) -> np.ndarray:
-        found = None if spreads(minus, plus) else self._least(forward, heads, scales, plus - minus)
+        offset = plus - minus
+        found = None if spreads(offset) else self._least(forward, heads, scales, offset)
         if found is None:
             return super().least(heads, states, scales, minus, plus, forward=forward)
         return found[states]

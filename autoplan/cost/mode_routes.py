@@ -105,7 +105,7 @@ class ModeRoutes(Routes):
     ) -> np.ndarray:
         """By blocks, as :meth:`distances`: between entry states, each with itself; from
         an entry state into copy k and within copy k, ``base``'s, scaled."""
-        if spreads(minus, plus):
+        if spreads(plus - minus):
             return super().least(heads, states, scales, minus, plus, forward=forward)
         n = self.base.size
         head_block, head_at = np.divmod(np.asarray(heads), n)

@@ -254,10 +254,9 @@ class Network(Routes):
         return src, dst, self.dist[src, dst]
 
 
-def spreads(minus: np.ndarray, plus: np.ndarray) -> bool:
-    """Whether an offset ``plus - minus`` of :meth:`Routes.least` is NaN or ``-inf``: the
+def spreads(offset: np.ndarray) -> bool:
+    """Whether an offset (``plus - minus`` of :meth:`Routes.least`) is NaN or ``-inf``: the
     whole matrix then carries it to every state, so no shortcut may skip a row."""
-    offset = plus - minus
     return bool(np.isnan(offset).any() or (offset == -np.inf).any())
 
 
