@@ -14,7 +14,7 @@ from autoplan.ilp.bound.dual import Ascent, _Ascent, ascend
 from autoplan.ilp.bound.dual_layout import diagonal_blocks
 from autoplan.ilp.bound.dual_prices import column_reduced_costs, decode
 from autoplan.ilp.bound.incumbent import cost_of, from_plan, memory_of
-from autoplan.ilp.bound.relax import relax, start_vector
+from autoplan.ilp.bound.relax import _cheapest, relax, start_vector
 from autoplan.ilp.formulation.matrix import emit
 from autoplan.ilp.formulation.problem import Edge, Problem
 from tests.helpers.brute_force import problem_plans
@@ -400,8 +400,6 @@ def test_a_refine_that_cannot_pass_its_first_bound_gives_up_early(monkeypatch):
 def test_a_relax_round_keeps_the_used_and_then_the_least_priced_columns_up_to_its_cap():
     """The columns of an LP round: those priced within ``near`` and the used ones; over the
     cap, the used and then the least priced (ties by column), never one priced past near."""
-    from autoplan.ilp.bound.relax import _cheapest
-
     rng = np.random.default_rng(0)
     for _ in range(50):
         dj = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0, 8.0], 40)
