@@ -5,7 +5,8 @@ more). Input: a network's states and its priced moves (the near moves of
 :mod:`autoplan.cost.near_moves` between its waypoints, and every move into and out of the
 edges' own placements). Output: a :class:`~autoplan.cost.routes.Routes` whose
 :meth:`~LazyNetwork.distances` runs Dijkstra's algorithm (scipy's csgraph) from the
-states asked for, forward from sources or backward from sinks, and keeps each row;
+states asked for, forward from sources or backward from sinks, and keeps each row (a
+call from many states first leaves out the moves a route of two beats);
 :meth:`~LazyNetwork.least` (what the column prices read: per state, the least route
 price plus an offset over many sources) runs one search from a state added before them.
 
@@ -36,20 +37,22 @@ class Prices:
     found once (every :class:`LazyNetwork` of one network shares them)."""
 
     def __init__(self, size: int, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> None:
-        # explicit entries, zeros included, are moves: a free move stays one
-        self._forward = csr_array((cost, (src, dst)), shape=(size, size))
-        self._backward = csr_array((cost, (dst, src)), shape=(size, size))
+        self._size = size
+        self._moves = (src, dst, cost)
+        self._trimmed = False  # whether the moves a route of two beats are left out
+        self._forward, self._backward = _graphs(size, src, dst, cost)
         self._rows: dict[int, np.ndarray] = {}
         self._cols: dict[int, np.ndarray] = {}
         self._before: dict[int, np.ndarray] = {}  # per source: each state's predecessor
+        self._after: dict[int, np.ndarray] = {}  # per sink: each state's successor
 
     def from_states(self, rows: np.ndarray) -> np.ndarray:
         """(rows, every state): the price from each of ``rows``."""
-        return self._found(self._forward, self._rows, rows, self._before)
+        return self._found(True, rows)
 
     def to_states(self, cols: np.ndarray) -> np.ndarray:
         """(every state, cols): the price to each of ``cols``."""
-        return self._found(self._backward, self._cols, cols, None).T
+        return self._found(False, cols).T
 
     def searched_from(self, rows: np.ndarray) -> bool:
         """Whether the search from every one of ``rows`` is kept."""
@@ -77,7 +80,7 @@ class Prices:
 
     def search_from(self, rows: np.ndarray) -> None:
         """Run the searches from ``rows`` not run yet, in one call, and keep them."""
-        self._search(self._forward, self._rows, np.asarray(rows, dtype=np.int64), self._before)
+        self._search(True, np.asarray(rows, dtype=np.int64))
 
     def before(self, rows: np.ndarray) -> list[np.ndarray]:
         """Per row of ``rows``: per state, the state before it on the cheapest route from
@@ -85,32 +88,38 @@ class Prices:
         self.search_from(rows)
         return [self._before[row] for row in np.asarray(rows).tolist()]
 
-    @staticmethod
-    def _search(
-        graph: csr_array,
-        kept: dict[int, np.ndarray],
-        ends: np.ndarray,
-        before: dict[int, np.ndarray] | None,
-    ) -> None:
-        missing = np.unique([e for e in ends.tolist() if e not in kept])
-        if len(missing):
-            found, came = dijkstra(graph, directed=True, indices=missing, return_predecessors=True)
-            kept.update(zip(missing.tolist(), np.atleast_2d(found), strict=True))
-            if before is not None:
-                before.update(zip(missing.tolist(), np.atleast_2d(came), strict=True))
+    def after(self, cols: np.ndarray) -> list[np.ndarray]:
+        """Per column of ``cols``: per state, the state after it on the cheapest route to
+        the column that the search toward it found (negative: the column, or not
+        reached)."""
+        self._search(False, np.asarray(cols, dtype=np.int64))
+        return [self._after[col] for col in np.asarray(cols).tolist()]
 
-    @classmethod
-    def _found(
-        cls,
-        graph: csr_array,
-        kept: dict[int, np.ndarray],
-        ends: np.ndarray,
-        before: dict[int, np.ndarray] | None,
-    ) -> np.ndarray:
+    def _search(self, forward: bool, ends: np.ndarray) -> None:
+        """Search from (``forward``) or toward each of ``ends`` not searched yet, in one
+        call. A call from a quarter of the states or more first leaves out the moves a
+        route of two beats (:func:`_beaten`): found once, that saves in every search."""
+        kept = self._rows if forward else self._cols
+        missing = np.unique([e for e in ends.tolist() if e not in kept])
+        if not len(missing):
+            return
+        if not self._trimmed and len(missing) * _TRIM_SHARE >= self._size:
+            src, dst, cost = self._moves
+            keep = ~_beaten(self._size, src, dst, cost)
+            self._forward, self._backward = _graphs(self._size, src[keep], dst[keep], cost[keep])
+            self._trimmed = True
+        graph = self._forward if forward else self._backward
+        found, came = dijkstra(graph, directed=True, indices=missing, return_predecessors=True)
+        kept.update(zip(missing.tolist(), np.atleast_2d(found), strict=True))
+        trees = self._before if forward else self._after
+        trees.update(zip(missing.tolist(), np.atleast_2d(came), strict=True))
+
+    def _found(self, forward: bool, ends: np.ndarray) -> np.ndarray:
         ends = np.asarray(ends, dtype=np.int64)
-        cls._search(graph, kept, ends, before)
+        self._search(forward, ends)
         if not len(ends):
-            return np.zeros((0, graph.shape[0]))
+            return np.zeros((0, self._size))
+        kept = self._rows if forward else self._cols
         return np.stack([kept[e] for e in ends.tolist()])
 
 
@@ -201,36 +210,44 @@ class LazyNetwork(Routes):
 
     def on_routes(self, sources: np.ndarray, sinks: np.ndarray) -> np.ndarray:
         """Per arc, whether it lies on the cheapest route Dijkstra's search found from a
-        source to a sink: one route per pair, walked back from the sinks. Every pair keeps
-        a cheapest route, and the test costs sources x sinks x hops, not sources x arcs
-        (a lazy network has a hundred thousand arcs and more). The searches are kept, so
-        a network narrowed so keeps the same routes for any of its sources and sinks."""
+        source to a sink: one route per pair, walked from its far end to the end searched
+        from (the sources, or toward the sinks when those are fewer, or were searched
+        already). Every pair keeps a cheapest route, and the test costs sources x sinks x
+        hops, not sources x arcs (a lazy network has a hundred thousand arcs and more).
+        The searches are kept, so a network narrowed so keeps the same routes for any of
+        its sources and sinks."""
         n = self.size
-        marked = []
-        starts = np.unique(sources)
-        sinks = np.asarray(sinks, dtype=np.int64)
-        for s, came in zip(starts.tolist(), self.prices.before(starts), strict=True):
-            # the states on a route to a sink, the source left out; each enters its arc
-            on = np.zeros(n, dtype=bool)
-            at = sinks[came[sinks] >= 0]
-            while len(at):
-                on[at] = True
-                prev = came[at]
-                at = prev[prev != s]
-                at = at[~on[at]]
-            states = np.flatnonzero(on)
-            if len(states):
-                marked.append(came[states].astype(np.int64) * n + states)
-        keep = np.zeros(len(self.arc_src), dtype=bool)
-        if not marked:
-            return keep
-        key = self.arc_src * n + self.arc_dst
-        order = np.argsort(key)
-        wanted = np.unique(np.concatenate(marked))
-        at = np.minimum(np.searchsorted(key[order], wanted), len(key) - 1)
-        if not (key[order][at] == wanted).all():  # a route's move narrowed away earlier
+        starts = np.unique(np.asarray(sources, dtype=np.int64))
+        ends = np.unique(np.asarray(sinks, dtype=np.int64))
+        prices = self.prices
+        forward = prices.searched_from(starts) or (
+            not prices.searched_to(ends) and len(starts) <= len(ends)
+        )
+        roots, leaves = (starts, ends) if forward else (ends, starts)
+        trees = prices.before(roots) if forward else prices.after(roots)
+        came = np.stack(trees) if len(trees) else np.zeros((0, n), dtype=np.int64)
+        # every tree's walks at once: (tree, state) pairs; came[tree, state] is the next
+        # state toward the tree's root, the root's own entry negative
+        on = np.zeros(came.shape, dtype=bool)
+        row, at = np.nonzero(came[:, leaves] >= 0)
+        at = leaves[at]
+        while len(row):
+            on[row, at] = True
+            nxt = came[row, at]
+            step = (nxt >= 0) & (nxt != roots[row])
+            row, at = row[step], nxt[step]
+            fresh = ~on[row, at]
+            row, at = row[fresh], at[fresh]
+        row, states = np.nonzero(on)
+        entered = np.zeros((n, n), dtype=bool)  # (from, to): a move some route takes
+        toward = came[row, states]
+        if forward:
+            entered[toward, states] = True
+        else:
+            entered[states, toward] = True
+        keep = entered[self.arc_src, self.arc_dst]
+        if np.count_nonzero(keep) < np.count_nonzero(entered):  # a move narrowed away earlier
             return super().on_routes(sources, sinks)
-        keep[order[at]] = True
         return keep
 
     @cached_property
@@ -246,3 +263,40 @@ class LazyNetwork(Routes):
         out = self._out
         src = np.repeat(np.arange(self.size), np.diff(out.indptr))
         return src, out.indices, self.arc_cost[out.data - 1]
+
+
+def _graphs(
+    size: int, src: np.ndarray, dst: np.ndarray, cost: np.ndarray
+) -> tuple[csr_array, csr_array]:
+    """The moves as sparse graphs, forward and backward."""
+    # explicit entries, zeros included, are moves: a free move stays one
+    forward = csr_array((cost, (src, dst)), shape=(size, size))
+    return forward, csr_array((cost, (dst, src)), shape=(size, size))
+
+
+def _beaten(size: int, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Per move ``src[i] -> dst[i]`` (one per pair of ends), whether a route of two moves
+    costs less, by more than rounding: such a move is on no cheapest route, and each
+    search relaxes every move it keeps. Routes are tried through the states whose moves
+    in times moves out are at most the square of the mean (a state with the moves of
+    every other costs more to try than its detours save); trying fewer keeps more moves,
+    never a wrong price."""
+    by_dst = np.argsort(dst, kind="stable")
+    into = np.searchsorted(dst[by_dst], np.arange(size + 1))
+    by_src = np.argsort(src, kind="stable")
+    out = np.searchsorted(src[by_src], np.arange(size + 1))
+    work = np.diff(into) * np.diff(out)
+    best = np.full((size, size), np.inf)  # (from, to): the cheapest route of two moves
+    for via in np.flatnonzero((work > 0) & (work <= (len(src) / max(size, 1)) ** 2)).tolist():
+        a, b = by_dst[into[via] : into[via + 1]], by_src[out[via] : out[via + 1]]
+        block = np.ix_(src[a], dst[b])
+        best[block] = np.minimum(best[block], cost[a][:, None] + cost[b][None, :])
+    return best[src, dst] < cost * (1 - _ROUNDING)
+
+
+# A call searching from 1 / this of a network's states or more first leaves out the moves
+# a route of two beats (Prices._search): on 4-D meshes the searches then relax a third.
+_TRIM_SHARE = 4
+# A route of two moves beats a move only when cheaper by more than this share of its
+# price: sums rounded otherwise would drop a move on a cheapest route.
+_ROUNDING = 1e-12

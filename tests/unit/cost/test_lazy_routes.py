@@ -17,7 +17,7 @@ from autoplan.cost import router as router_module
 from autoplan.cost.closure import closure
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.edge_prices import EdgePricer
-from autoplan.cost.lazy_routes import LazyNetwork
+from autoplan.cost.lazy_routes import LazyNetwork, _beaten
 from autoplan.cost.near_moves import near_pairs
 from autoplan.cost.redistribute import RedistributeModel
 from autoplan.cost.router import Router
@@ -72,9 +72,9 @@ def test_a_lazy_network_narrowed_between_states_keeps_their_route_prices():
 
 
 def test_distances_read_kept_searches_before_running_new_ones():
-    """After the narrowing searched from every source, an edge's prices from some of them
-    to fewer sinks are read off those searches (no search toward the sinks), and equal
-    the prices a fresh network finds toward the sinks."""
+    """The narrowing searches toward the sinks when they are fewer than the sources, and
+    an edge's prices from some sources to those sinks are read off those searches (no
+    search from the sources), equal to the prices a fresh network finds from them."""
     shape = (8, 16)
     states = canonical(shape, MESH)
     pricer = _pricer()
@@ -86,13 +86,35 @@ def test_distances_read_kept_searches_before_running_new_ones():
     sources = rng.choice(len(states), 50, replace=False)
     sinks = rng.choice(len(states), 5, replace=False)
     narrowed = net.between(sources, sinks)
+    assert narrowed.prices.searched_to(sinks)
     rows = sources[:20]
     found = narrowed.distances(rows, sinks)
-    assert not narrowed.prices.searched_to(sinks)  # read forward, though sinks are fewer
+    assert not narrowed.prices.searched_from(rows)  # read toward the sinks
     fresh = LazyNetwork.of(tuple(states), src, dst, cost)
-    toward = fresh.distances(rows, sinks)
-    assert fresh.prices.searched_to(sinks) and not fresh.prices.searched_from(rows)
-    np.testing.assert_allclose(found, toward, rtol=1e-12)
+    from_rows = fresh.prices.from_states(rows)[:, sinks]
+    np.testing.assert_allclose(found, from_rows, rtol=1e-12)
+
+
+def test_a_network_narrowed_toward_its_sinks_keeps_every_pair_a_cheapest_route():
+    """Narrowed from the sources (more sinks) or toward the sinks (fewer), every pair's
+    price over the moves kept is its price over every move."""
+    shape = (8, 16)
+    states = canonical(shape, MESH)
+    pricer = _pricer()
+    ids = np.array(pricer.ids(states))
+    src, dst = near_pairs(canonical_axes(shape, MESH))
+    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
+    rng = np.random.default_rng(2)
+    many = rng.choice(len(states), 60, replace=False)
+    few = rng.choice(len(states), 6, replace=False)
+    for sources, sinks in ((few, many), (many, few)):
+        net = LazyNetwork.of(tuple(states), src, dst, cost)
+        narrowed = net.between(sources, sinks)
+        assert narrowed.prices.searched_from(few) != narrowed.prices.searched_to(few)
+        alone = LazyNetwork.of(tuple(states), narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
+        np.testing.assert_allclose(
+            alone.distances(sources, sinks), net.distances(sources, sinks), rtol=1e-12
+        )
 
 
 def test_pair_prices_are_the_matrix_prices_bit_for_bit():
@@ -153,3 +175,32 @@ def test_a_4d_plan_is_the_same_with_lazy_networks(model, monkeypatch):
     lazy = objective()
     monkeypatch.setattr(router_module, "LAZY_AXES", 5)
     assert lazy == pytest.approx(objective(), rel=1e-9)
+
+
+def test_a_move_a_route_of_two_beats_is_left_out_and_no_other():
+    """States a, b, c, d = 0..3: a->c (3) loses to a->b->c (2); a->d (2) ties a->b->d and
+    stays; c->d (5) loses to c->a->d (3), but routes through a, a state of five moves (2 x 3
+    against a mean of 2 squared), are not tried."""
+    src, dst = np.array([0, 1, 0, 1, 0, 2, 3, 2]), np.array([1, 2, 2, 3, 3, 3, 0, 0])
+    cost = np.array([1.0, 1.0, 3.0, 1.0, 2.0, 5.0, 1.0, 1.0])
+    beaten = _beaten(4, src, dst, cost)
+    assert beaten.tolist() == [False, False, True, False, False, False, False, False]
+
+
+def test_searches_over_the_trimmed_moves_price_as_those_over_all():
+    """Searched from every state at once (the moves a route of two beats left out first)
+    or one state at a time (every move), a network's prices are the same."""
+    shape = (8, 16)
+    states = canonical(shape, MESH)
+    pricer = _pricer()
+    ids = np.array(pricer.ids(states))
+    src, dst = near_pairs(canonical_axes(shape, MESH))
+    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
+    every = np.arange(len(states))
+    net = LazyNetwork.of(tuple(states), src, dst, cost)
+    trimmed = net.prices.from_states(every)
+    assert _beaten(len(states), net.arc_src, net.arc_dst, net.arc_cost).sum() > len(src) / 4
+    one_by_one = LazyNetwork.of(tuple(states), src, dst, cost).prices
+    np.testing.assert_array_equal(
+        np.stack([one_by_one.from_states(np.array([s]))[0] for s in every]), trimmed
+    )
