@@ -54,9 +54,7 @@ def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]
     return np.hstack(cols)
 
 
-def dominated(
-    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 2048, span: int = 64
-) -> np.ndarray:
+def dominated(f: np.ndarray, probe: int = 48, chunk: int = 4096, span: int = 64) -> np.ndarray:
     """Rows of ``f`` that another row is <= everywhere (the first of equal rows stays).
 
     A column equal in every row is dropped first: it holds for every pair (a mode block's
@@ -72,10 +70,10 @@ def dominated(
     for i, row in enumerate(f):
         first.setdefault(row.tobytes(), i)
     if len(first) == len(f):
-        return _distinct_dominated(f, probe=probe, grid=grid, chunk=chunk, span=span)
+        return _distinct_dominated(f, probe=probe, chunk=chunk, span=span)
     keep = np.fromiter(first.values(), dtype=np.int64, count=len(first))
     out = np.ones(len(f), dtype=bool)  # a later copy of a row loses to the first
-    out[keep] = _distinct_dominated(f[keep], probe=probe, grid=grid, chunk=chunk, span=span)
+    out[keep] = _distinct_dominated(f[keep], probe=probe, chunk=chunk, span=span)
     return out
 
 
@@ -102,7 +100,7 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
 
 
 def _distinct_dominated(
-    f: np.ndarray, probe: int = 32, grid: int = 16, chunk: int = 2048, span: int = 64
+    f: np.ndarray, probe: int = 48, chunk: int = 4096, span: int = 64
 ) -> np.ndarray:
     """:func:`dominated` by comparing rows pairwise.
 
@@ -110,7 +108,7 @@ def _distinct_dominated(
     all, and there are few; only they are compared on every column. The probe compares
     small ints, each column's values replaced by their rank among its distinct values
     (a price matrix holds a few dozen per column), one column at a time over the whole
-    n x n grid for the first ``grid`` columns and over the pairs left after. The same
+    n x n grid (cheaper than gathering the pairs a first few columns leave). The same
     answer as comparing every pair on every column, with small temporaries: no n x n x
     probe array of prices.
     """
@@ -123,14 +121,11 @@ def _distinct_dominated(
         rank[q] = np.minimum(where.ravel(), 255)
     maybe = np.ones((n, n), dtype=bool)
     le = np.empty((n, n), dtype=bool)
-    for q in range(min(grid, len(cols))):
+    for q in range(len(cols)):
         np.less_equal(rank[q][:, None], rank[q][None, :], out=le)
         maybe &= le
     np.fill_diagonal(maybe, False)
     i, k = np.nonzero(maybe)
-    for q in range(grid, len(cols)):
-        ok = rank[q][i] <= rank[q][k]
-        i, k = i[ok], k[ok]
     # The rows lowest on the probe first: they are below the most others, and a row found
     # dominated needs no second witness, so its pairs left are skipped.
     order = np.argsort(rank.sum(axis=0, dtype=np.int64)[i], kind="stable")

@@ -147,7 +147,7 @@ def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
     beats = le & (~ge | (idx[:, None] < idx[None, :]))
     np.fill_diagonal(beats, False)
     expected = beats.any(axis=0)
-    np.testing.assert_array_equal(dominated(f, probe=8, grid=3, chunk=16), expected)
+    np.testing.assert_array_equal(dominated(f, probe=8, chunk=16), expected)
     assert expected.any()
 
 
@@ -178,7 +178,7 @@ def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     expected = _every_pair_dominated(f)
     assert expected[100:150].sum() >= 45 and expected[200] and expected[202]
     assert not expected[0] and not expected[201]
-    np.testing.assert_array_equal(dominated(f, probe=16, grid=4, chunk=64), expected)
+    np.testing.assert_array_equal(dominated(f, probe=16, chunk=64), expected)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -192,7 +192,7 @@ def test_dominance_over_spans_of_columns_with_many_witnesses(seed):
     f = np.vstack([base, base + rng.integers(0, 2, base.shape), base[::-1] + 1.0])
     expected = _every_pair_dominated(f)
     assert expected.sum() >= 30
-    np.testing.assert_array_equal(dominated(f, probe=6, grid=2, chunk=8, span=7), expected)
+    np.testing.assert_array_equal(dominated(f, probe=6, chunk=8, span=7), expected)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -211,7 +211,7 @@ def test_columns_equal_in_every_row_are_dropped_and_no_other(seed):
     f[rows, width + 9 + np.arange(4)] = 2.0  # ... and one column each where it is higher
     expected = _every_pair_dominated(f)
     assert expected.any() and not expected.all()
-    np.testing.assert_array_equal(dominated(f, probe=6, grid=2, chunk=8, span=5), expected)
+    np.testing.assert_array_equal(dominated(f, probe=6, chunk=8, span=5), expected)
 
 
 def _brute_dominated(f: np.ndarray) -> np.ndarray:
