@@ -34,6 +34,7 @@ import numpy as np
 
 from autoplan.core.placements import Placements, is_strided, plain
 from autoplan.core.torch_adapter import Placement
+from autoplan.cost.keyed_ids import KeyedIds
 from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
@@ -83,8 +84,8 @@ class EdgePricer:
         self._divisibility: list[Divisibility] = []  # by id
         self._term_ids: dict[Term, int] = {}
         self._terms: list[Term] = []
-        # Per (row, column, divisibility) pair, as one int key (see _layout): its move's id.
-        self._moves: dict[int, int] = {}
+        # Per (row, column, divisibility) pair, as one int key (see _pairs): its move's id.
+        self._moves = KeyedIds()
         self._move_index: dict[tuple[int, ...] | None, int] = {}
         self._move_list: list[tuple[int, ...] | None] = []
         self._walks: dict[bytes, int] = {}  # a form (see _moves_of) -> its move's id
@@ -130,7 +131,7 @@ class EdgePricer:
         """The price of each move ``src[i] -> dst[i]`` (placement ids), as
         :meth:`matrix_of_ids` prices it: for a few pairs of many placements, not a grid."""
         div = np.where(self._tables()[3][src], self._divisibility_id(shape), -1)
-        which = self._moves_of(src, dst, div, shape)
+        which = self._keyed_moves(src, dst, div, shape)
         numel = math.prod(shape) * dtype_bytes
         per_move = np.full(len(self._move_list), math.inf)
         for m in np.unique(which).tolist():
@@ -262,21 +263,25 @@ class EdgePricer:
         self, rows: np.ndarray, cols: np.ndarray, div: int, shape: tuple[int, ...]
     ) -> np.ndarray:
         """Move ids of every (row, column) pair at divisibility ``div`` (-1: a move that
-        fits every shape), by pair: a dict lookup each, and :meth:`_moves_of` for those
-        never seen.
-
-        A key packs (row id, column id, divisibility + 1) in 23, 24 and 16 bits: a run
-        has a few thousand placement tuples and a handful of divisibilities.
-        """
+        fits every shape), by pair (:meth:`_keyed_moves`)."""
         d = np.where(self._tables()[3][rows], div, -1)
-        keys = (rows[:, None] << 40) + (cols[None, :] << 16) + (d[:, None] + 1)
-        flat = keys.ravel().tolist()
-        which = np.fromiter(map(self._moves.get, flat, itertools.repeat(-1)), np.intp, len(flat))
+        r, c = np.divmod(np.arange(len(rows) * len(cols)), len(cols))
+        return self._keyed_moves(rows[r], cols[c], d[r], shape).reshape(len(rows), len(cols))
+
+    def _keyed_moves(
+        self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        """:meth:`_moves_of`, each (src, dst, div) pair looked up first among those seen
+        before: networks of one tensor rank share most of their pairs. A key packs the
+        three in 23, 24 and 16 bits: a run has a few thousand placement tuples and a
+        handful of divisibilities."""
+        keys = (src.astype(np.int64) << 40) + (dst.astype(np.int64) << 16) + (div + 1)
+        which = self._moves.get(keys)
         miss = np.flatnonzero(which < 0)
-        r, c = np.divmod(miss, len(cols))
-        which[miss] = self._moves_of(rows[r], cols[c], d[r], shape)
-        self._moves.update(zip([flat[k] for k in miss.tolist()], which[miss].tolist(), strict=True))
-        return which.reshape(len(rows), len(cols))
+        if len(miss):
+            which[miss] = self._moves_of(src[miss], dst[miss], div[miss], shape)
+            self._moves.add(keys[miss], which[miss])
+        return which
 
     def _moves_of(
         self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
