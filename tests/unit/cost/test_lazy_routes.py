@@ -31,6 +31,15 @@ def _pricer(mesh_shape=MESH) -> EdgePricer:
     return EdgePricer(RedistributeModel(mesh_shape, CollectiveModel(load_topology("h100"))))
 
 
+def _near_moves(shape=(8, 16)):
+    """The states of ``shape`` on MESH, its near moves and their prices."""
+    states = canonical(shape, MESH)
+    pricer = _pricer()
+    ids = np.array(pricer.ids(states))
+    src, dst = near_pairs(canonical_axes(shape, MESH))
+    return tuple(states), src, dst, pricer.pair_prices(ids[src], ids[dst], shape, 2)
+
+
 @pytest.mark.parametrize(
     ("shape", "mesh_shape"),
     [((8, 16), MESH), ((4, 8, 2), MESH), ((16, 8, 4), MESH), ((8, 8), (2, 4, 2, 2))],
@@ -54,18 +63,14 @@ def test_a_lazy_network_narrowed_between_states_keeps_their_route_prices():
     """``between`` keeps, of a lazy network's moves, only ones on a cheapest route from a
     source to a sink: searched again over those alone, every such pair costs what it
     costs over every move, and far fewer moves are left."""
-    shape = (8, 16)
-    states = canonical(shape, MESH)
-    pricer = _pricer()
-    ids = np.array(pricer.ids(states))
-    src, dst = near_pairs(canonical_axes(shape, MESH))
-    net = LazyNetwork.of(tuple(states), src, dst, pricer.pair_prices(ids[src], ids[dst], shape, 2))
+    states, src, dst, cost = _near_moves()
+    net = LazyNetwork.of(states, src, dst, cost)
     rng = np.random.default_rng(0)
     sources = rng.choice(len(states), 40, replace=False)
     sinks = rng.choice(len(states), 30, replace=False)
     narrowed = net.between(sources, sinks)
     assert 0 < len(narrowed.arc_src) < len(net.arc_src) / 4
-    alone = LazyNetwork.of(tuple(states), narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
+    alone = LazyNetwork.of(states, narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
     np.testing.assert_allclose(
         alone.distances(sources, sinks), net.distances(sources, sinks), rtol=1e-12
     )
@@ -75,13 +80,8 @@ def test_distances_read_kept_searches_before_running_new_ones():
     """The narrowing searches toward the sinks when they are fewer than the sources, and
     an edge's prices from some sources to those sinks are read off those searches (no
     search from the sources), equal to the prices a fresh network finds from them."""
-    shape = (8, 16)
-    states = canonical(shape, MESH)
-    pricer = _pricer()
-    ids = np.array(pricer.ids(states))
-    src, dst = near_pairs(canonical_axes(shape, MESH))
-    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
-    net = LazyNetwork.of(tuple(states), src, dst, cost)
+    states, src, dst, cost = _near_moves()
+    net = LazyNetwork.of(states, src, dst, cost)
     rng = np.random.default_rng(1)
     sources = rng.choice(len(states), 50, replace=False)
     sinks = rng.choice(len(states), 5, replace=False)
@@ -90,7 +90,7 @@ def test_distances_read_kept_searches_before_running_new_ones():
     rows = sources[:20]
     found = narrowed.distances(rows, sinks)
     assert not narrowed.prices.searched_from(rows)  # read toward the sinks
-    fresh = LazyNetwork.of(tuple(states), src, dst, cost)
+    fresh = LazyNetwork.of(states, src, dst, cost)
     from_rows = fresh.prices.from_states(rows)[:, sinks]
     np.testing.assert_allclose(found, from_rows, rtol=1e-12)
 
@@ -98,20 +98,15 @@ def test_distances_read_kept_searches_before_running_new_ones():
 def test_a_network_narrowed_toward_its_sinks_keeps_every_pair_a_cheapest_route():
     """Narrowed from the sources (more sinks) or toward the sinks (fewer), every pair's
     price over the moves kept is its price over every move."""
-    shape = (8, 16)
-    states = canonical(shape, MESH)
-    pricer = _pricer()
-    ids = np.array(pricer.ids(states))
-    src, dst = near_pairs(canonical_axes(shape, MESH))
-    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
+    states, src, dst, cost = _near_moves()
     rng = np.random.default_rng(2)
     many = rng.choice(len(states), 60, replace=False)
     few = rng.choice(len(states), 6, replace=False)
     for sources, sinks in ((few, many), (many, few)):
-        net = LazyNetwork.of(tuple(states), src, dst, cost)
+        net = LazyNetwork.of(states, src, dst, cost)
         narrowed = net.between(sources, sinks)
         assert narrowed.prices.searched_from(few) != narrowed.prices.searched_to(few)
-        alone = LazyNetwork.of(tuple(states), narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
+        alone = LazyNetwork.of(states, narrowed.arc_src, narrowed.arc_dst, narrowed.arc_cost)
         np.testing.assert_allclose(
             alone.distances(sources, sinks), net.distances(sources, sinks), rtol=1e-12
         )
@@ -190,17 +185,12 @@ def test_a_move_a_route_of_two_beats_is_left_out_and_no_other():
 def test_searches_over_the_trimmed_moves_price_as_those_over_all():
     """Searched from every state at once (the moves a route of two beats left out first)
     or one state at a time (every move), a network's prices are the same."""
-    shape = (8, 16)
-    states = canonical(shape, MESH)
-    pricer = _pricer()
-    ids = np.array(pricer.ids(states))
-    src, dst = near_pairs(canonical_axes(shape, MESH))
-    cost = pricer.pair_prices(ids[src], ids[dst], shape, 2)
+    states, src, dst, cost = _near_moves()
     every = np.arange(len(states))
-    net = LazyNetwork.of(tuple(states), src, dst, cost)
+    net = LazyNetwork.of(states, src, dst, cost)
     trimmed = net.prices.from_states(every)
     assert _beaten(len(states), net.arc_src, net.arc_dst, net.arc_cost).sum() > len(src) / 4
-    one_by_one = LazyNetwork.of(tuple(states), src, dst, cost).prices
+    one_by_one = LazyNetwork.of(states, src, dst, cost).prices
     np.testing.assert_array_equal(
         np.stack([one_by_one.from_states(np.array([s]))[0] for s in every]), trimmed
     )
