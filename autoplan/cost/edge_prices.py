@@ -28,20 +28,18 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
 from autoplan.core.placements import Placements, is_strided, plain
 from autoplan.core.torch_adapter import Placement
-from autoplan.cost.keyed_ids import KeyedIds
+from autoplan.cost.keyed_ids import KeyedIds, intern
 from autoplan.cost.redistribute import P_KIND, R_KIND, RedistributeModel, axis_kind, moves
 
 # (kind, axes, divisor): one collective moving numel x dtype_bytes / divisor bytes.
 Term = tuple[str, tuple[int, ...], int]
 # Per tensor dim, whether it divides by each flattened group of two or more adjacent axes.
 Divisibility = tuple[tuple[bool, ...], ...]
-K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +128,7 @@ class EdgePricer:
     ) -> np.ndarray:
         """The price of each move ``src[i] -> dst[i]`` (placement ids), as
         :meth:`matrix_of_ids` prices it: for a few pairs of many placements, not a grid."""
-        div = np.where(self._tables()[3][src], self._divisibility_id(shape), -1)
-        which = self._keyed_moves(src, dst, div, shape)
+        which = self._keyed_moves(src, dst, self._divisibility_id(shape), shape)
         numel = math.prod(shape) * dtype_bytes
         per_move = np.full(len(self._move_list), math.inf)
         for m in np.unique(which).tolist():
@@ -142,7 +139,7 @@ class EdgePricer:
     def _divisibility_id(self, shape: tuple[int, ...]) -> int:
         """The id of which dims of ``shape`` divide by each flattened group of axes."""
         divisible = tuple(tuple(n % g == 0 for g in self._groups) for n in shape)
-        return _intern(self._divisible, self._divisibility, divisible)
+        return intern(self._divisible, self._divisibility, divisible)
 
     def ids(self, placements: Sequence[Placements]) -> tuple[int, ...]:
         """Small ints standing for placement tuples, the same int for equal tuples."""
@@ -262,24 +259,22 @@ class EdgePricer:
     def _pairs(
         self, rows: np.ndarray, cols: np.ndarray, div: int, shape: tuple[int, ...]
     ) -> np.ndarray:
-        """Move ids of every (row, column) pair at divisibility ``div`` (-1: a move that
-        fits every shape), by pair (:meth:`_keyed_moves`)."""
-        d = np.where(self._tables()[3][rows], div, -1)
-        r, c = np.divmod(np.arange(len(rows) * len(cols)), len(cols))
-        return self._keyed_moves(rows[r], cols[c], d[r], shape).reshape(len(rows), len(cols))
+        """:meth:`_keyed_moves` of every (row, column) pair, as a grid."""
+        src, dst = np.repeat(rows, len(cols)), np.tile(cols, len(rows))
+        return self._keyed_moves(src, dst, div, shape).reshape(len(rows), len(cols))
 
     def _keyed_moves(
-        self, src: np.ndarray, dst: np.ndarray, div: np.ndarray, shape: tuple[int, ...]
+        self, src: np.ndarray, dst: np.ndarray, div: int, shape: tuple[int, ...]
     ) -> np.ndarray:
-        """:meth:`_moves_of`, each (src, dst, div) pair looked up first among those seen
-        before: networks of one tensor rank share most of their pairs. A key packs the
-        three in 23, 24 and 16 bits: a run has a few thousand placement tuples and a
-        handful of divisibilities."""
-        keys = (src.astype(np.int64) << 40) + (dst.astype(np.int64) << 16) + (div + 1)
+        """:meth:`_moves_of`, at ``div`` where the source may fuse a reduce-scatter (else
+        -1), each pair looked up first among those seen before: networks of one tensor
+        rank share most of them. A key packs (src, dst, div) in 23, 24 and 16 bits."""
+        d = np.where(self._tables()[3][src], div, -1)
+        keys = (src.astype(np.int64) << 40) + (dst.astype(np.int64) << 16) + (d + 1)
         which = self._moves.get(keys)
         miss = np.flatnonzero(which < 0)
         if len(miss):
-            which[miss] = self._moves_of(src[miss], dst[miss], div[miss], shape)
+            which[miss] = self._moves_of(src[miss], dst[miss], d[miss], shape)
             self._moves.add(keys[miss], which[miss])
         return which
 
@@ -334,7 +329,7 @@ class EdgePricer:
 
     def _move_id(self, terms: tuple[int, ...] | None) -> int:
         """A small int per distinct move (its terms, or None when impossible)."""
-        return _intern(self._move_index, self._move_list, terms)
+        return intern(self._move_index, self._move_list, terms)
 
     def _pair(self, src: int, dst: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """Term ids of one move, walked on ``shape``: every pair with its form
@@ -371,7 +366,7 @@ class EdgePricer:
         )
 
     def _term(self, term: Term) -> int:
-        return _intern(self._term_ids, self._terms, term)
+        return intern(self._term_ids, self._terms, term)
 
     def _time(self, term: int, numel: int) -> float:
         key = (term, numel)
@@ -382,15 +377,6 @@ class EdgePricer:
             # The same float expressions as RedistributeModel.steps.
             t = self._times[key] = self.redist.collectives.time_us(kind, numel / divisor, p, m)
         return t
-
-
-def _intern(index: dict[K, int], items: list[K], key: K) -> int:
-    """``key``'s place in ``items``, appended (and noted in ``index``) when new."""
-    i = index.get(key)
-    if i is None:
-        i = index[key] = len(items)
-        items.append(key)
-    return i
 
 
 def _first_seen(values: np.ndarray, mask: np.ndarray) -> np.ndarray:

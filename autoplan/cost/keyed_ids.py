@@ -1,4 +1,5 @@
-"""Small ints by int64 key, kept in sorted arrays: the move ids of priced pairs.
+"""Small ints by key: the move ids of priced pairs, kept in sorted arrays, and the ids
+of hashable items in first-seen order.
 
 Stage 4, cost (used by :class:`~autoplan.cost.edge_prices.EdgePricer`). Input: keys
 packing a (row, column, divisibility) pair and the move id found for each. Output: the
@@ -11,9 +12,22 @@ sorted array does a batch with one ``searchsorted`` and holds a key in sixteen.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
-__all__ = ["KeyedIds"]
+__all__ = ["KeyedIds", "intern"]
+
+K = TypeVar("K")
+
+
+def intern(index: dict[K, int], items: list[K], key: K) -> int:
+    """``key``'s place in ``items``, appended (and noted in ``index``) when new."""
+    i = index.get(key)
+    if i is None:
+        i = index[key] = len(items)
+        items.append(key)
+    return i
 
 
 class KeyedIds:

@@ -38,8 +38,8 @@ class Prices:
 
     def __init__(self, size: int, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> None:
         self._size = size
-        self._moves = (src, dst, cost)
-        self._trimmed = False  # whether the moves a route of two beats are left out
+        # the moves, until those a route of two beats are left out (then None)
+        self._untrimmed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (src, dst, cost)
         self._forward, self._backward = _graphs(size, src, dst, cost)
         self._rows: dict[int, np.ndarray] = {}
         self._cols: dict[int, np.ndarray] = {}
@@ -103,11 +103,11 @@ class Prices:
         missing = np.unique([e for e in ends.tolist() if e not in kept])
         if not len(missing):
             return
-        if not self._trimmed and len(missing) * _TRIM_SHARE >= self._size:
-            src, dst, cost = self._moves
+        if self._untrimmed is not None and len(missing) * _TRIM_SHARE >= self._size:
+            src, dst, cost = self._untrimmed
             keep = ~_beaten(self._size, src, dst, cost)
             self._forward, self._backward = _graphs(self._size, src[keep], dst[keep], cost[keep])
-            self._trimmed = True
+            self._untrimmed = None
         graph = self._forward if forward else self._backward
         found, came = dijkstra(graph, directed=True, indices=missing, return_predecessors=True)
         kept.update(zip(missing.tolist(), np.atleast_2d(found), strict=True))
@@ -151,23 +151,22 @@ class LazyNetwork(Routes):
         return LazyNetwork(states, src, dst, cost, Prices(len(states), src, dst, cost))
 
     def distances(self, rows: np.ndarray | None, cols: np.ndarray | None) -> np.ndarray:
-        # from a side whose searches are all kept (narrowing searched from every edge's
-        # rows), else from the side of fewer distinct states: one Dijkstra each
-        prices = self.prices
-        if rows is not None and prices.searched_from(rows):
-            forward = True
-        elif cols is not None and prices.searched_to(cols):
-            forward = False
-        else:
-            forward = cols is None or (
-                rows is not None and len(np.unique(rows)) <= len(np.unique(cols))
-            )
-        if forward:
+        if self._from_rows(rows, cols):
             out = self.prices.from_states(np.arange(self.size) if rows is None else rows)
             return out if cols is None else out[:, cols]
         assert cols is not None
         out = self.prices.to_states(cols)
         return out if rows is None else out[rows]
+
+    def _from_rows(self, rows: np.ndarray | None, cols: np.ndarray | None) -> bool:
+        """Whether to search from ``rows`` (None: every state) rather than toward
+        ``cols``: from a side whose searches are all kept (narrowing searched from every
+        edge's rows), else from the side of fewer distinct states, one Dijkstra each."""
+        if rows is not None and self.prices.searched_from(rows):
+            return True
+        if cols is not None and self.prices.searched_to(cols):
+            return False
+        return cols is None or (rows is not None and len(np.unique(rows)) <= len(np.unique(cols)))
 
     def least(
         self,
@@ -220,9 +219,7 @@ class LazyNetwork(Routes):
         starts = np.unique(np.asarray(sources, dtype=np.int64))
         ends = np.unique(np.asarray(sinks, dtype=np.int64))
         prices = self.prices
-        forward = prices.searched_from(starts) or (
-            not prices.searched_to(ends) and len(starts) <= len(ends)
-        )
+        forward = self._from_rows(starts, ends)
         roots, leaves = (starts, ends) if forward else (ends, starts)
         trees = prices.before(roots) if forward else prices.after(roots)
         came = np.stack(trees) if len(trees) else np.zeros((0, n), dtype=np.int64)
