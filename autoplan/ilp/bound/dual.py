@@ -46,7 +46,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.ilp.bound.dual_layout import End, Potentials, Visit, diagonal_blocks, flat, starts
+from autoplan.ilp.bound.dual_layout import (
+    End,
+    Potentials,
+    Visit,
+    diagonal_blocks,
+    flat,
+    rounded_down,
+    starts,
+)
 from autoplan.ilp.bound.dual_seed import seed_messages, warm_fits
 from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind, find_root
 from autoplan.ilp.formulation.build import Warm
@@ -121,7 +129,7 @@ class _Ascent:
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
-            mat = e.cost[np.ix_(s.present, d.present)].astype(np.float64)
+            mat = rounded_down(e.cost[np.ix_(s.present, d.present)])
             prices = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
             finite = np.isfinite(prices)
             s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)

@@ -71,7 +71,9 @@ class End:
         least over the other end's groups of prices less the other end's message."""
         edge, step, axis = self.edge, self._step, self.axis
         blocks, rows, cols = edge.shape
-        other = self.partner.msg.reshape(blocks, -1)
+        # in the prices' own float32: any messages give a valid bound, and the result's
+        # bound is formed again in float64 (Potentials)
+        other = self.partner.msg.astype(edge.dtype).reshape(blocks, -1)
         other = other[:, None, :] if axis == 0 else other[:, :, None]
         out: np.ndarray
         if not edge.size:
@@ -79,8 +81,9 @@ class End:
         elif step >= rows:  # in one piece: a small edge costs numpy calls, not arithmetic
             out = (edge - other).min(axis=2 - axis)
         else:  # a few rows at a time, in a buffer that stays in cache
-            out = np.empty((blocks, rows)) if axis == 0 else np.full((blocks, cols), np.inf)
-            buf = np.empty((blocks, step, cols))
+            shape = (blocks, rows) if axis == 0 else (blocks, cols)
+            out = np.full(shape, np.inf, dtype=edge.dtype)
+            buf = np.empty((blocks, step, cols), dtype=edge.dtype)
             other = np.broadcast_to(other, edge.shape)  # a view: sliced by rows as the edge
             for lo in range(0, rows, step):
                 part = buf[:, : min(step, rows - lo)]
@@ -89,9 +92,7 @@ class End:
                     np.minimum.reduce(part, axis=2, out=out[:, lo : lo + step])
                 else:
                     np.minimum(out, part.min(axis=1), out=out)
-        least = out.ravel()
-        least -= self.msg
-        return least
+        return out.ravel() - self.msg
 
     def take(self, c: np.ndarray) -> None:
         """Move ``c`` (per compact group) from the edge's potentials to this end's message."""
@@ -207,6 +208,16 @@ def _position(sorted_groups: np.ndarray, g: int) -> int | None:
     """Where group ``g`` sits in ``sorted_groups`` (None: absent)."""
     at = int(np.searchsorted(sorted_groups, g))
     return at if at < len(sorted_groups) and sorted_groups[at] == g else None
+
+
+def rounded_down(prices: np.ndarray) -> np.ndarray:
+    """``prices`` in float32, each one float32 rounds up stepped down to the float below:
+    a sweep reads half the bytes, and every potential formed from them is at most the
+    exact one, so each bound and reduced cost stays a lower bound."""
+    low = prices.astype(np.float32)
+    up = low > prices
+    low[up] = np.nextafter(low[up], np.float32(-np.inf))
+    return low
 
 
 def diagonal_blocks(mat: np.ndarray, count: int) -> np.ndarray:

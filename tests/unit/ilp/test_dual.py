@@ -293,11 +293,12 @@ def test_edge_potentials_formed_a_few_rows_at_a_time_give_the_same_ascent(seed, 
 def test_the_bound_read_from_theta_after_a_sweep_is_the_bound_from_the_messages(seed):
     """Right after a sweep every edge's least potential is 0, so the bound reads θ alone;
     fresh, after a restore and after a new multiplier it must read the edges too. At each
-    point it equals the bound recomputed from the messages (to rounding)."""
+    point it equals the bound recomputed from the messages (to rounding: a sweep takes
+    its minima in float32, so an edge's least potential after it is 0 to float32's)."""
 
     def same(ascent: Ascent) -> None:
         want = ascent.result().bound
-        assert ascent._st.bound() == pytest.approx(want, rel=1e-12, abs=1e-9)
+        assert ascent._st.bound() == pytest.approx(want, rel=1e-6, abs=1e-6)
 
     for p in (random_problem(seed), routed_problem(seed), _moded_problem(seed)):
         ascent = Ascent(p)

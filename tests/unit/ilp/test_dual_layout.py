@@ -9,6 +9,7 @@ import pytest
 
 from autoplan.ilp.bound import dual_layout
 from autoplan.ilp.bound.dual import Ascent
+from autoplan.ilp.bound.dual_layout import rounded_down
 from autoplan.ilp.formulation.problem import Problem
 from tests.helpers.ilp_problems import moded_problem, random_problem, routed_problem
 
@@ -24,14 +25,15 @@ def _with_gaps(p: Problem, seed: int) -> Problem:
 
 
 def _dense(p: Problem, k: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Edge k's potentials as a dense matrix: prices less both messages between groups
-    an allowed strategy maps to, inf elsewhere."""
+    """Edge k's potentials as a dense matrix: prices (rounded down to float32, as the
+    ascent keeps them) less both messages between groups an allowed strategy maps to, inf
+    elsewhere."""
     e = p.edges[k]
     rows = np.unique(e.src_group[p.allowed(e.src) & (e.src_group >= 0)])
     cols = np.unique(e.dst_group[p.allowed(e.dst) & (e.dst_group >= 0)])
     out = np.full(e.cost.shape, math.inf)
     at = np.ix_(rows, cols)
-    out[at] = e.cost[at] - a[rows][:, None] - b[cols][None, :]
+    out[at] = rounded_down(e.cost[at]) - a[rows][:, None] - b[cols][None, :]
     return out
 
 
@@ -59,3 +61,19 @@ def test_potentials_read_by_row_column_or_whole_are_the_dense_potentials(seed, c
             np.testing.assert_array_equal(got.row_min, want.min(axis=1))
             np.testing.assert_array_equal(got.col_min, want.min(axis=0))
             assert dual.low[k] == want.min()
+
+
+def test_prices_rounded_down_are_the_float32_at_or_below_each():
+    """Every price becomes the largest float32 at or below it (inf stays inf), so a
+    potential formed from them never exceeds the exact one."""
+    rng = np.random.default_rng(0)
+    prices = np.concatenate(
+        [rng.random(1000) * 10.0 ** rng.integers(-3, 8, 1000), [0.0, 1.0, 0.1, np.inf]]
+    )
+    low = rounded_down(prices)
+    assert low.dtype == np.float32
+    assert (low.astype(np.float64) <= prices).all()
+    above = np.nextafter(low, np.float32(np.inf)).astype(np.float64)
+    finite = np.isfinite(prices)
+    assert (above[finite] > prices[finite]).all()
+    assert np.isinf(low[~finite]).all()
