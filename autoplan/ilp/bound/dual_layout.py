@@ -10,7 +10,8 @@ what a visit needs is gathered once, here, not per visit; on a 4-D mesh an edge 
 millions of prices and a sweep is memory traffic, so an edge's potentials are formed
 from its prices and messages where they are read, not stored and rewritten (nor, in
 the result, kept whole: an edge's full matrix is its groups squared, the blocks' a third
-of that under three checkpointing modes).
+of that under three checkpointing modes), and in float32 rounded down
+(:func:`rounded_down`): half the bytes, and still a lower bound.
 """
 
 from __future__ import annotations
