@@ -2,12 +2,15 @@
 of hashable items in first-seen order.
 
 Stage 4, cost (used by :class:`~autoplan.cost.edge_prices.EdgePricer`). Input: keys
-packing a (row, column, divisibility) pair and the move id found for each. Output: the
-ids of keys seen before, -1 for the others, looked up for a whole batch at once.
+packing a (row, column, divisibility) pair and the move id found for each
+(:class:`KeyedIds`), or one hashable item at a time (:func:`intern`: divisibilities,
+moves, collective terms). Output: the ids of keys seen before, -1 for the others,
+looked up for a whole batch at once; an item's id, new ones numbered in turn.
 
 Why: a 4-D run prices millions of pairs, a third of them distinct; a dict of Python
 ints looks them up one at a time and holds each in about a hundred bytes, where a
-sorted array does a batch with one ``searchsorted`` and holds a key in sixteen.
+sorted array does a batch with one ``searchsorted`` and holds a key in sixteen. The
+items :func:`intern` numbers are few (thousands), and a dict suits them.
 """
 
 from __future__ import annotations
