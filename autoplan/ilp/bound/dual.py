@@ -129,8 +129,9 @@ class _Ascent:
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
-            mat = rounded_down(e.cost[np.ix_(s.present, d.present)])
-            prices = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
+            mat = e.cost[np.ix_(s.present, d.present)]
+            # rounded once the blocks are cut: a moded edge keeps a third of its prices
+            prices = rounded_down(diagonal_blocks(mat, _block_count(p, e.src, e.dst)))
             finite = np.isfinite(prices)
             s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)
             d.attach(prices, s, e.cost.shape[1], pos[e.src], finite)
