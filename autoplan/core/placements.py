@@ -216,8 +216,13 @@ def local_shape(
     shape: Sequence[int], placements: Sequence[Placement], mesh_shape: Sequence[int]
 ) -> tuple[int, ...]:
     """Per-rank shape (even sharding assumed; see :func:`is_even`)."""
-    degrees = shard_degrees(placements, mesh_shape, len(shape))
-    return tuple(s // k for s, k in zip(shape, degrees, strict=True))
+    # Divided axis after axis: for positive ints (s // a) // b == s // (a * b). The
+    # cost stage asks this per strategy and input, so it reads the class table inline.
+    out = list(shape)
+    for p, size in zip(placements, mesh_shape, strict=True):
+        if (_SHARDS.get(type(p)) or _shards(p))[0]:
+            out[p.dim] //= size  # type: ignore[attr-defined]
+    return tuple(out)
 
 
 def is_even(

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import fx
 
@@ -32,9 +33,11 @@ from autoplan.core.graph import map_args, node_op, static_args
 from autoplan.core.placements import Placements, local_shape, num_elements
 from autoplan.core.topology import Device, Topology
 from autoplan.cost.flops import op_flops
-from autoplan.strategies.table import NodeStrategies, Strategy
+from autoplan.strategies.table import NodeStrategies
 
 aten = torch.ops.aten
+
+Real = TypeVar("Real", float, np.ndarray)
 
 # The CPU attention kernels a CPU trace produces have the GPU kernels' FLOPs.
 _FLOP_ALIASES = {
@@ -59,19 +62,19 @@ ATTENTION_OPS = frozenset(
 
 
 def roofline_us(
-    device: Device, flops: float, nbytes: float, low_precision: bool, *, attention: bool = False
-) -> float:
+    device: Device, flops: Real, nbytes: Real, low_precision: bool, *, attention: bool = False
+) -> Real:
     """One op on ``device``: ``max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) +
     overhead``, a fused attention kernel's peak times ``attention_efficiency`` (the drift
-    left to :class:`ComputeModel`)."""
+    left to :class:`ComputeModel`); of one op, or elementwise over arrays of them."""
     peak = device.peak_bf16_tflops if low_precision else device.peak_fp32_tflops
     if attention:
         peak *= device.attention_efficiency
     t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
-    return max(t_flops, _memory_us(device, nbytes)) + device.op_overhead_us
+    return np.maximum(t_flops, _memory_us(device, nbytes)) + device.op_overhead_us
 
 
-def _memory_us(device: Device, nbytes: float) -> float:
+def _memory_us(device: Device, nbytes: Real) -> Real:
     return nbytes / (device.hbm_gbps * 1e3 * device.memory_efficiency)  # GB/s = 1e3 B/us
 
 
@@ -105,30 +108,36 @@ class ComputeModel:
         d = self.device
         return (_memory_us(d, 2 * nbytes) + launches * d.op_overhead_us) * self.scale
 
-    def time_us(self, ns: NodeStrategies, node: fx.Node, strategy: Strategy) -> float:
-        """Kernel time of ``node`` run per ``strategy`` (a view's dispatch, 0 for
-        placeholders)."""
+    def times_us(self, ns: NodeStrategies, node: fx.Node) -> np.ndarray:
+        """Kernel time of ``node`` run per each of its strategies (a view's dispatch, 0
+        for placeholders)."""
+        count = len(ns.strategies)
         if ns.kind != "op":
-            return 0.0
+            return np.zeros(count)
         if ns.free:
-            return self.view_us
-        in_shapes = [
-            local_shape(t.shape, p, self.mesh_shape)
-            for t, p in zip(ns.in_tensors, strategy.ins, strict=True)
-        ]
-        out_shapes = [
-            None if t is None or p is None else local_shape(t.shape, p, self.mesh_shape)
-            for t, p in zip(ns.out_tensors, strategy.outs, strict=True)
-        ]
-        nbytes = sum(
-            num_elements(s) * t.dtype_bytes for s, t in zip(in_shapes, ns.in_tensors, strict=True)
-        )
-        nbytes += sum(
-            num_elements(s) * t.dtype_bytes
-            for s, t in zip(out_shapes, ns.out_tensors, strict=True)
-            if s is not None and t is not None
-        )
-        flops = self._node_flops(node, in_shapes, out_shapes)
+            return np.full(count, self.view_us)
+        mesh = self.mesh_shape
+        ins = [(t.shape, t.dtype_bytes) for t in ns.in_tensors]
+        outs = [None if t is None else (t.shape, t.dtype_bytes) for t in ns.out_tensors]
+        flops = np.empty(count)
+        nbytes = np.empty(count)
+        for k, strategy in enumerate(ns.strategies):
+            in_shapes = [
+                local_shape(shape, p, mesh) for (shape, _), p in zip(ins, strategy.ins, strict=True)
+            ]
+            out_shapes = [
+                None if t is None or p is None else local_shape(t[0], p, mesh)
+                for t, p in zip(outs, strategy.outs, strict=True)
+            ]
+            # ints, summed exactly: the same bytes whatever the order
+            read = sum(num_elements(s) * b for s, (_, b) in zip(in_shapes, ins, strict=True))
+            written = sum(
+                num_elements(s) * t[1]
+                for s, t in zip(out_shapes, outs, strict=True)
+                if s is not None and t is not None
+            )
+            nbytes[k] = read + written
+            flops[k] = self._node_flops(node, in_shapes, out_shapes)
         low = any(t is not None and t.dtype in _LOW_PRECISION for t in ns.out_tensors)
         attention = node.target in ATTENTION_OPS
         return roofline_us(self.device, flops, nbytes, low, attention=attention) * self.scale

@@ -216,9 +216,7 @@ def price(
         # A shared strategy tuple implies the same op, arguments and tensors.
         key = (id(ns.strategies),)
         if key not in compute_cache or not cache:
-            compute_cache[key] = np.array(
-                [compute_model.time_us(ns, node, s) for s in ns.strategies]
-            )
+            compute_cache[key] = compute_model.times_us(ns, node)
         compute[name] = compute_cache[key]
         for slot, ref in enumerate(ns.inputs):
             producer = table.nodes[ref.node]
