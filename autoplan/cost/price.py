@@ -74,6 +74,14 @@ class EdgeCost:
             + [self.dst_placements[col]]
         )
 
+    def moved(self, **ends: Any) -> EdgeCost:
+        """This edge with other ends (``src``, ``dst``, and their ``src_group`` and
+        ``dst_group``). ``dataclasses.replace`` without running ``__init__`` again: the
+        fields are this edge's, and every edge of every layer is moved so, at least once."""
+        edge = object.__new__(EdgeCost)
+        edge.__dict__.update(self.__dict__, **ends)
+        return edge
+
     def route_steps(self, redist: RedistributeModel, row: int, col: int) -> list[Step]:
         """The priced collectives of the move from ``row`` to ``col``, hop after hop along
         its route (:meth:`RedistributeModel.steps` of each hop)."""
@@ -241,7 +249,7 @@ def price(
                     router,
                     grouped.get(ekey),
                 )
-            edges.append(replace(cached, src=ref.node, dst=name))
+            edges.append(cached.moved(src=ref.node, dst=name))
     memory: dict[str, np.ndarray] = {}
     for fqn, pname in zip(traced.param_fqns, traced.params, strict=True):
         ns = table.nodes[pname]
@@ -273,7 +281,7 @@ def price(
                     [s.outs[0] for s in ns.strategies],
                     tensor,
                 )
-            edges.append(replace(cached, src=grad, dst=pname))
+            edges.append(cached.moved(src=grad, dst=pname))
     for index, tangent in traced.tangents.items():
         out, t = table.nodes[traced.outputs[index]], table.nodes[tangent]
         info = t.out_tensors[0]

@@ -22,7 +22,8 @@ is small; the brute-force tests bound it on small graphs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,7 @@ class Reduction:
 
 
 def _numel(e: EdgeCost) -> int:
-    return int(np.prod(e.tensor.shape)) if e.tensor is not None else 0
+    return math.prod(e.tensor.shape) if e.tensor is not None else 0
 
 
 def _same_cols(e: EdgeCost, memo: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
@@ -187,7 +188,7 @@ def collapse_followers(
             dst, m = roots[dst]
             dst_group = e.dst_group[m]
         fates.append(len(kept_edges))
-        kept_edges.append(replace(e, src=src, dst=dst, src_group=src_group, dst_group=dst_group))
+        kept_edges.append(e.moved(src=src, dst=dst, src_group=src_group, dst_group=dst_group))
     merged, index = _merge_self_edges(kept_edges, compute)
     reduced = CostTable(
         compute={v: c for v, c in compute.items() if v not in roots},
