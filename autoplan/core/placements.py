@@ -236,12 +236,14 @@ def is_even(
     """
     remaining = list(shape)
     for p, size in zip(placements, mesh_shape, strict=True):
-        d = sharded_dim(p)
-        if d is None:
+        # the class table read inline: the strategies stage asks this per tensor and strategy
+        shards, strided = _SHARDS.get(type(p)) or _shards(p)
+        if not shards:
             continue
+        d = p.dim  # type: ignore[attr-defined]
         if d >= len(shape):
             return False
-        step = size * int(p.split_factor) if is_strided(p) else size
+        step = size * int(p.split_factor) if strided else size  # type: ignore[attr-defined]
         if remaining[d] % step != 0:
             return False
         remaining[d] //= size

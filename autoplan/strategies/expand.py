@@ -77,7 +77,10 @@ def canonical(s: Strategy, masked: dict[tuple[Any, ...], Placement]) -> Strategy
     takes part in equality, and two embeddings' partials would otherwise never match."""
 
     def canon(ps: Placements) -> Placements:
-        if not any(is_masked_partial(p) for p in ps):
+        for p in ps:  # a loop, not any() over a generator: it runs per placement tuple
+            if is_masked_partial(p):
+                break
+        else:
             return ps
         return tuple(
             masked.setdefault(masked_partial_key(p), p) if is_masked_partial(p) else p for p in ps
