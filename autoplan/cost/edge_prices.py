@@ -24,7 +24,6 @@ sums run in the same order as ``cost_us``'s, so the floats are the same.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -229,16 +228,21 @@ class EdgePricer:
             return self._pairs(rows, cols, -1, shape)
         axes, kinds, forms, _ = self._tables()
         ra, rk, ca, ck = axes[rows].T, kinds[rows].T, axes[cols].T, kinds[cols].T
+        # Bit i*n + j (+ n*n for the held placement) says row axis i and column axis j
+        # shard the same dim (hold the same placement, not R). Per row and placement (or
+        # dim), the bits i*n of the axes holding it; a column's axis j reads its own
+        # placement's (dim's) bits, shifted by j. The last entry is R's (no dim's): 0.
+        at = np.arange(len(rows))
+        held = np.zeros((len(rows), len(self._label_sign) + 1), dtype=np.int64)
+        dims = np.zeros((len(rows), max(int(kinds.max()), -1) + 2), dtype=np.int64)
+        for i in range(n):
+            held[at, np.where(rk[i] != R_KIND, ra[i], -1)] += 1 << (i * n)
+            dims[at, np.where(rk[i] >= 0, rk[i], -1)] += 1 << (i * n)
+        held[:, -1] = dims[:, -1] = 0
         relation = np.zeros((len(rows), len(cols)), dtype=np.int64)
-        shift = 0
-        for i, j in itertools.product(range(n), repeat=2):
-            held = (rk[i] != R_KIND)[:, None] & (ck[j] != R_KIND)[None, :]
-            relation |= (held & (ra[i][:, None] == ca[j][None, :])).astype(np.int64) << (
-                shift + n * n
-            )
-            sharded = (rk[i] >= 0)[:, None] & (ck[j] >= 0)[None, :]
-            relation |= (sharded & (rk[i][:, None] == ck[j][None, :])).astype(np.int64) << shift
-            shift += 1
+        for j in range(n):
+            relation |= held[:, np.where(ck[j] != R_KIND, ca[j], -1)] << (j + n * n)
+            relation |= dims[:, np.where(ck[j] >= 0, ck[j], -1)] << j
         pair_forms = forms[rows][:, None] << 20 | forms[cols][None, :]
         if 2 * n * n + 40 <= 63:  # one int64 a pair
             key = (pair_forms << (2 * n * n) | relation).ravel()
