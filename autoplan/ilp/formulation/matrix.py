@@ -177,7 +177,9 @@ class _Rows:
         rows = np.concatenate(self.rows) if self.rows else np.zeros(0, dtype=np.int64)
         cols = np.concatenate(self.cols) if self.cols else np.zeros(0, dtype=np.int64)
         vals = np.concatenate(self.vals) if self.vals else np.zeros(0)
-        order = np.lexsort((rows, cols))
+        # by column, then row: one int64 key (rows and columns count below 2**31) sorts
+        # as lexsort's two keys do, in half its time
+        order = np.argsort(cols << 32 | rows, kind="stable")
         counts = np.bincount(cols, minlength=num_cols)
         start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         return start, rows[order].astype(np.int32), vals[order]

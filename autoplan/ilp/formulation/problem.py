@@ -41,6 +41,7 @@ import numpy as np
 from autoplan.core.components import components
 from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
+from autoplan.ilp.formulation.distinct import distinct_rows
 from autoplan.ilp.reductions.tying import edge_key
 from autoplan.ilp.tolerances import ADDITIVE_RTOL
 
@@ -193,16 +194,8 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
 def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct rows of ``a`` in first-seen order, each row's index among them, and
     where each distinct row is first seen."""
-    seen: dict[bytes, int] = {}
-    firsts: list[int] = []
-    of = np.empty(len(a), dtype=np.int64)
-    for k, row in enumerate(a):
-        key = row.tobytes()
-        if key not in seen:
-            seen[key] = len(firsts)
-            firsts.append(k)
-        of[k] = seen[key]
-    return a[firsts], of, np.array(firsts, dtype=np.int64)
+    firsts, of = distinct_rows(a)
+    return a[firsts], of, firsts
 
 
 def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:

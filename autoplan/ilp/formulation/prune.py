@@ -37,13 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from autoplan.ilp.formulation.distinct import distinct_rows
 from autoplan.ilp.formulation.problem import Edge, Problem, simplify
 
 # Classes of this many strategies or more are checked on worker threads.
 _THREADED = 256
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
-# Rows compared at once when checking that rows of one hash are equal (_first_rows).
-_CHECKED = 128
 
 
 def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]]) -> np.ndarray:
@@ -65,7 +64,7 @@ def dominated(f: np.ndarray, probe: int = 48, chunk: int = 4096, span: int = 64)
     large class repeat another, and comparing them again gives the same answer.
     """
     varies = (f != f[0]).any(axis=0) if len(f) else np.ones(f.shape[1], dtype=bool)
-    keep = _first_rows(f)
+    keep, _ = distinct_rows(f)
     if len(keep) == len(f):
         return _distinct_dominated(
             f if varies.all() else f[:, varies], probe=probe, chunk=chunk, span=span
@@ -73,35 +72,6 @@ def dominated(f: np.ndarray, probe: int = 48, chunk: int = 4096, span: int = 64)
     out = np.ones(len(f), dtype=bool)  # a later copy of a row loses to the first
     out[keep] = _distinct_dominated(f[np.ix_(keep, varies)], probe=probe, chunk=chunk, span=span)
     return out
-
-
-def _first_rows(f: np.ndarray) -> np.ndarray:
-    """The index of each distinct row of ``f`` (bit for bit) where it first appears, in
-    order. Rows are hashed by their bits times fixed odd weights, summed modulo 2**64
-    (one pass in numpy, without the GIL), and each row whose hash was seen before is
-    checked to equal that first row: a collision is found, never trusted, and then the
-    rows are compared by their bytes."""
-    bits = np.ascontiguousarray(f, dtype=np.float64).view(np.uint64)
-    _, first, inverse = np.unique(_row_hashes(bits), return_index=True, return_inverse=True)
-    of = first[inverse.ravel()]
-    dup = np.flatnonzero(of != np.arange(len(f)))
-    for lo in range(0, len(dup), _CHECKED):  # a block of rows at a time: small temporaries
-        rows = dup[lo : lo + _CHECKED]
-        if not np.array_equal(bits[rows], bits[of[rows]]):
-            seen: dict[bytes, int] = {}
-            for i, row in enumerate(bits):
-                seen.setdefault(row.tobytes(), i)
-            return np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
-    return np.sort(first)
-
-
-def _row_hashes(bits: np.ndarray) -> np.ndarray:
-    """Per row of ``bits`` (uint64), the sum of its entries times fixed odd weights,
-    modulo 2**64: equal rows hash equal."""
-    weights = np.random.default_rng(bits.shape[1]).integers(
-        1, 2**63, bits.shape[1], dtype=np.uint64
-    )
-    return bits @ (weights | np.uint64(1))
 
 
 def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:

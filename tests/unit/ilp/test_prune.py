@@ -214,35 +214,6 @@ def test_columns_equal_in_every_row_are_dropped_and_no_other(seed):
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8, span=5), expected)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_repeated_rows_are_found_by_their_bits_even_when_hashes_collide(seed, monkeypatch):
-    """Repeated rows are found by hashing their bits: rows hashing alike are checked equal,
-    and a collision falls back to comparing bytes. With every hash made to collide, and
-    with the real one, the same rows go as by the full comparison (0.0 and -0.0 are
-    different bits and equal prices: the earlier row stays)."""
-    from autoplan.ilp.formulation import prune
-
-    rng = np.random.default_rng(seed)
-    f = rng.choice([0.0, 1.0, 2.0, np.inf], (50, 9), p=[0.4, 0.3, 0.2, 0.1])
-    f[20:30] = f[:10]  # repeated rows
-    f[40] = f[0]
-    f[40, f[0] == 0.0] = -0.0
-    expected = _every_pair_dominated(f)
-    first = [
-        i
-        for i in range(len(f))
-        if not any(
-            (f[k] == f[i]).all() and np.array_equal(f[k].view(np.uint64), f[i].view(np.uint64))
-            for k in range(i)
-        )
-    ]
-    np.testing.assert_array_equal(prune._first_rows(f), first)
-    np.testing.assert_array_equal(prune.dominated(f, probe=6, chunk=8), expected)
-    monkeypatch.setattr(prune, "_row_hashes", lambda bits: np.zeros(len(bits), np.uint64))
-    np.testing.assert_array_equal(prune._first_rows(f), first)
-    np.testing.assert_array_equal(prune.dominated(f, probe=6, chunk=8), expected)
-
-
 def _brute_dominated(f: np.ndarray) -> np.ndarray:
     """Row j goes when another row is <= it everywhere, the first of equal rows staying."""
     n = len(f)

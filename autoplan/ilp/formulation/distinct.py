@@ -1,0 +1,58 @@
+"""Distinct rows of a price matrix, found by hashing their bits.
+
+Stage 5 (formulation), used where edges are compacted
+(:func:`~autoplan.ilp.formulation.problem.simplify`) and where strategies are compared
+for dominance (:mod:`autoplan.ilp.formulation.prune`). Input: a 2-D array of prices.
+Output: where each distinct row (bit for bit) first appears, in order, and each row's
+index among them.
+
+Why: a 4-D run compacts and compares thousands of matrices of thousands of rows, many of
+them repeats. A dict of each row's bytes is a Python loop that holds the GIL while the
+pruning's other worker thread waits; a hash of the bits times fixed weights is one
+matrix product in numpy. Rows that hash alike are checked equal before they are merged,
+so a collision costs time, never a wrong merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["distinct_rows"]
+
+# Rows compared at once when checking that rows of one hash are equal: small temporaries.
+_CHECKED = 128
+
+
+def distinct_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(firsts, of): the index of each distinct row of ``a`` (bit for bit: 0.0 and -0.0
+    differ) where it first appears, ascending, and per row the index of its own among
+    them."""
+    bits = np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+    _, first, inverse = np.unique(_row_hashes(bits), return_index=True, return_inverse=True)
+    same = first[inverse.ravel()]  # per row, the first row of its hash
+    dup = np.flatnonzero(same != np.arange(len(a)))
+    for lo in range(0, len(dup), _CHECKED):
+        rows = dup[lo : lo + _CHECKED]
+        if not np.array_equal(bits[rows], bits[same[rows]]):  # a collision: by bytes
+            return _by_bytes(bits)
+    firsts = np.sort(first)
+    return firsts, np.searchsorted(firsts, same)
+
+
+def _row_hashes(bits: np.ndarray) -> np.ndarray:
+    """Per row of ``bits`` (uint64), the sum of its entries times fixed odd weights,
+    modulo 2**64: equal rows hash equal."""
+    width = bits.shape[1]
+    weights = np.random.default_rng(width).integers(1, 2**63, width, dtype=np.uint64)
+    return bits @ (weights | np.uint64(1))
+
+
+def _by_bytes(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distinct_rows` by a dict of each row's bytes."""
+    seen: dict[bytes, int] = {}
+    of = np.empty(len(bits), dtype=np.int64)
+    for k, row in enumerate(bits):
+        of[k] = seen.setdefault(row.tobytes(), len(seen))
+    firsts = np.full(len(seen), -1, dtype=np.int64)
+    firsts[of[::-1]] = np.arange(len(bits) - 1, -1, -1)  # the last write is the first row
+    return firsts, of
