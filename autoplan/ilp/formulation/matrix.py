@@ -178,7 +178,7 @@ class _Rows:
         cols = np.concatenate(self.cols) if self.cols else np.zeros(0, dtype=np.int64)
         vals = np.concatenate(self.vals) if self.vals else np.zeros(0)
         # by column, then row: one int64 key (rows and columns count below 2**31) sorts
-        # as lexsort's two keys do, in half its time
+        # as lexsort's two keys do, in one pass
         order = np.argsort(cols << 32 | rows, kind="stable")
         counts = np.bincount(cols, minlength=num_cols)
         start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
