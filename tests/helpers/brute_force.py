@@ -4,7 +4,8 @@ The ILP tests check the solver's optimum exactly against these, so the problems 
 use stay small (at most a few thousand strategy combinations). One enumeration serves
 both shapes of problem: a :class:`CostTable` (nodes' compute and edges' moves) and an
 ILP :class:`Problem` (classes' linear costs and edges), through the cost and memory
-functions passed in.
+functions passed in. The dominated rows of a feature matrix, every pair compared on every
+column, are what the pruning tests check its dominance check against.
 """
 
 from __future__ import annotations
@@ -105,3 +106,14 @@ def brute_force_problem(p: Problem) -> float:
 def best_within(p, keep=lambda choice: True) -> float:
     """The cheapest plan of ``p`` within its budget that ``keep`` accepts (inf: none)."""
     return min((c for choice, c in problem_plans(p) if keep(choice)), default=math.inf)
+
+
+def dominated_rows(f: np.ndarray) -> np.ndarray:
+    """Rows of ``f`` that another row is <= everywhere, the first of equal rows staying:
+    every pair compared on every column (what the pruning's dominance check must find)."""
+    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
+    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
+    idx = np.arange(len(f))
+    beats = le & (~ge | (idx[:, None] < idx[None, :]))
+    np.fill_diagonal(beats, False)
+    return beats.any(axis=0)

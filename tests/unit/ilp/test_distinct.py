@@ -9,6 +9,7 @@ import pytest
 
 from autoplan.ilp.formulation import distinct
 from autoplan.ilp.formulation.prune import dominated
+from tests.helpers.brute_force import dominated_rows
 
 
 def _by_dict(a: np.ndarray) -> tuple[list[int], list[int]]:
@@ -20,15 +21,6 @@ def _by_dict(a: np.ndarray) -> tuple[list[int], list[int]]:
             firsts.append(k)
         of.append(seen[row.tobytes()])
     return firsts, of
-
-
-def _every_pair_dominated(f: np.ndarray) -> np.ndarray:
-    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
-    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
-    idx = np.arange(len(f))
-    beats = le & (~ge | (idx[:, None] < idx[None, :]))
-    np.fill_diagonal(beats, False)
-    return beats.any(axis=0)
 
 
 def _matrix(seed: int) -> np.ndarray:
@@ -61,7 +53,7 @@ def test_dominance_over_repeated_rows_whatever_the_hash(seed, monkeypatch):
     """The rows dominated are those the full comparison finds, with the real hash and
     with every hash colliding (0.0 and -0.0 rows: equal prices, the earlier stays)."""
     f = _matrix(seed)
-    expected = _every_pair_dominated(f)
+    expected = dominated_rows(f)
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8), expected)
     monkeypatch.setattr(distinct, "_row_hashes", lambda bits: np.zeros(len(bits), np.uint64))
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8), expected)

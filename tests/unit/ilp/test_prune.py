@@ -12,7 +12,7 @@ from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.formulation.problem import build_problem, simplify
 from autoplan.ilp.formulation.prune import prune_dominated
 from autoplan.ilp.solver.solve import solve
-from tests.helpers.brute_force import brute_force, combos, footprint
+from tests.helpers.brute_force import brute_force, combos, dominated_rows, footprint
 from tests.helpers.ilp_problems import SEEDS, random_costs
 
 APPROX = {"rel": 1e-6, "abs": 1e-6}
@@ -141,23 +141,9 @@ def test_two_pass_dominance_equals_comparing_every_pair_on_every_column(seed):
     f[5] = f[3]  # equal rows: the first stays
     f[11] = f[12] = f[30]  # one row three times: 12 and 30 go, 11 only if beaten
     f[7] = np.minimum(f[8], f[9])  # a row that beats others
-    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
-    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
-    idx = np.arange(len(f))
-    beats = le & (~ge | (idx[:, None] < idx[None, :]))
-    np.fill_diagonal(beats, False)
-    expected = beats.any(axis=0)
+    expected = dominated_rows(f)
     np.testing.assert_array_equal(dominated(f, probe=8, chunk=16), expected)
     assert expected.any()
-
-
-def _every_pair_dominated(f: np.ndarray) -> np.ndarray:
-    le = (f[:, None, :] <= f[None, :, :]).all(axis=2)
-    ge = (f[:, None, :] >= f[None, :, :]).all(axis=2)
-    idx = np.arange(len(f))
-    beats = le & (~ge | (idx[:, None] < idx[None, :]))
-    np.fill_diagonal(beats, False)
-    return beats.any(axis=0)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -175,7 +161,7 @@ def test_dominance_with_hundreds_of_distinct_prices_per_column(seed):
     f[201, :5] = 0.0
     f[202] = f[201]
     f[202, :5] = -0.0
-    expected = _every_pair_dominated(f)
+    expected = dominated_rows(f)
     assert expected[100:150].sum() >= 45 and expected[200] and expected[202]
     assert not expected[0] and not expected[201]
     np.testing.assert_array_equal(dominated(f, probe=16, chunk=64), expected)
@@ -190,7 +176,7 @@ def test_dominance_over_spans_of_columns_with_many_witnesses(seed):
     rng = np.random.default_rng(seed)
     base = rng.choice([0.0, 1.0, 2.0, 4.0, np.inf], (30, 50), p=[0.3, 0.3, 0.2, 0.1, 0.1])
     f = np.vstack([base, base + rng.integers(0, 2, base.shape), base[::-1] + 1.0])
-    expected = _every_pair_dominated(f)
+    expected = dominated_rows(f)
     assert expected.sum() >= 30
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8, span=7), expected)
 
@@ -209,7 +195,7 @@ def test_columns_equal_in_every_row_are_dropped_and_no_other(seed):
     rows = rng.choice(30, 4, replace=False)
     f[rows, width + 9 :] = 0.0  # nearly constant: one row each, lower than the others
     f[rows, width + 9 + np.arange(4)] = 2.0  # ... and one column each where it is higher
-    expected = _every_pair_dominated(f)
+    expected = dominated_rows(f)
     assert expected.any() and not expected.all()
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8, span=5), expected)
 
