@@ -71,7 +71,11 @@ def roofline_us(
     if attention:
         peak *= device.attention_efficiency
     t_flops = flops / (peak * 1e6 * device.flops_efficiency)  # TFLOP/s = 1e6 FLOP/us
-    return np.maximum(t_flops, _memory_us(device, nbytes)) + device.op_overhead_us
+    t_memory = _memory_us(device, nbytes)
+    # one op's time stays a Python float: callers write it to YAML and JSON
+    if isinstance(t_flops, np.ndarray) or isinstance(t_memory, np.ndarray):
+        return np.maximum(t_flops, t_memory) + device.op_overhead_us
+    return max(t_flops, t_memory) + device.op_overhead_us
 
 
 def _memory_us(device: Device, nbytes: Real) -> Real:

@@ -75,3 +75,18 @@ def test_the_ranks_drift_scales_every_ops_time():
     base, drift = _compute(view_overhead_us=3.0), _compute(view_overhead_us=3.0, skew=0.2)
     for name in base:
         assert drift[name] == pytest.approx(1.2 * base[name]), name
+
+
+def test_the_roofline_of_one_op_is_a_float_and_of_many_the_same_elementwise():
+    """One op's time is a Python float (calibration writes it to YAML, which refuses numpy
+    scalars); over arrays, each entry is the one op's time, bit for bit."""
+    from autoplan.cost.compute import roofline_us
+
+    flops = np.array([0.0, 3e9, 7e11, 1e14])
+    nbytes = np.array([4e6, 0.0, 1e9, 123.0])
+    for low, attention in ((False, False), (True, True)):
+        many = roofline_us(BASE, flops, nbytes, low, attention=attention)
+        for k in range(len(flops)):
+            one = roofline_us(BASE, float(flops[k]), float(nbytes[k]), low, attention=attention)
+            assert type(one) is float
+            assert one == many[k]
