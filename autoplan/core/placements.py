@@ -216,11 +216,10 @@ def local_shape(
     shape: Sequence[int], placements: Sequence[Placement], mesh_shape: Sequence[int]
 ) -> tuple[int, ...]:
     """Per-rank shape (even sharding assumed; see :func:`is_even`)."""
-    # Divided axis after axis: for positive ints (s // a) // b == s // (a * b). The
-    # cost stage asks this per strategy and input, so it reads the class table inline.
+    # divided axis after axis: for positive ints (s // a) // b == s // (a * b)
     out = list(shape)
     for p, size in zip(placements, mesh_shape, strict=True):
-        if (_SHARDS.get(type(p)) or _shards(p))[0]:
+        if _shards(p)[0]:
             out[p.dim] //= size  # type: ignore[attr-defined]
     return tuple(out)
 
@@ -236,8 +235,7 @@ def is_even(
     """
     remaining = list(shape)
     for p, size in zip(placements, mesh_shape, strict=True):
-        # the class table read inline: the strategies stage asks this per tensor and strategy
-        shards, strided = _SHARDS.get(type(p)) or _shards(p)
+        shards, strided = _shards(p)  # once per placement, not per question
         if not shards:
             continue
         d = p.dim  # type: ignore[attr-defined]

@@ -53,6 +53,4 @@ def _by_bytes(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     of = np.empty(len(bits), dtype=np.int64)
     for k, row in enumerate(bits):
         of[k] = seen.setdefault(row.tobytes(), len(seen))
-    firsts = np.full(len(seen), -1, dtype=np.int64)
-    firsts[of[::-1]] = np.arange(len(bits) - 1, -1, -1)  # the last write is the first row
-    return firsts, of
+    return np.unique(of, return_index=True)[1], of  # ids are numbered in first-seen order
