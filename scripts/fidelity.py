@@ -28,11 +28,15 @@ plans ran slower, FSDP's most: benchmarks/NOTES.md). The table gives each
 plan's estimate (``Plan.estimated_step_us``: the objective with its buckets), the
 measured step and the error; per model, Spearman's rank correlation over the candidates
 and where the planner's pick (the cheaper estimate of ``free-4`` and ``free``: the plan
-it would choose given both meshes) lands among the measured. Writes its section of
+it would choose given both meshes; on a tie the smaller mesh) lands among the measured.
+Candidates whose plans run the same program (the same mesh, placements, routes, buckets,
+checkpointing and settings: the planner's free choice is often DDP's plan itself) are
+measured once and share the figures: two measurements of one program differ only by the
+machine's noise. Writes its section of
 benchmarks/RESULTS.md and a scatter plot (estimated vs measured, the diagonal drawn).
 
     torchrun --nproc-per-node 4 --no-python autoplan calibrate --mesh 2x2 --names dp,tp --out cpu.yaml
-    python scripts/fidelity.py --topology cpu.yaml [--steps 8] [--rounds 4] [--warmup 2] [--model llama ...] [--skip free-b1 ...]
+    python scripts/fidelity.py --topology cpu.yaml [--steps 16] [--rounds 4] [--warmup 2] [--model llama ...] [--skip free-b1 ...]
     python scripts/fidelity.py --topology h100 --device cuda   # on a machine with 4 GPUs
 """
 
@@ -96,6 +100,12 @@ LAYOUT = {
     "mlp": (("w1",), ("w2",)),
 }
 MODELS = tuple(LAYOUT)
+# the fields of a plan that ``parallelize`` runs; the rest are estimates and diagnostics
+PROGRAM = (
+    "mesh_shape", "axis_names", "param_placements", "node_placements", "routes", "buckets",
+    "checkpointing", "recompute", "config", "input_shapes", "input_keys", "loss_fn",
+    "param_shapes", "graph_fingerprint",
+)  # fmt: skip
 FLAT, GRID = ((WORLD,), ("dp",)), ((2, 2), ("dp", "tp"))
 
 
@@ -219,6 +229,18 @@ def plan_all(model: str, topology, skip: frozenset[str] = frozenset()) -> dict[s
     return plans
 
 
+def same_program(plans: dict[str, Plan]) -> dict[str, str]:
+    """Each candidate's first candidate (in ``plans``' order) whose plan runs the same
+    program, itself when none before it does."""
+    first: dict[str, str] = {}
+    out = {}
+    for name, plan in plans.items():
+        fields = json.loads(plan.to_json())
+        key = json.dumps({k: fields[k] for k in PROGRAM}, sort_keys=True)
+        out[name] = first.setdefault(key, name)
+    return out
+
+
 def _worker(rank: int, port: int, work: dict, opts: dict, out: str) -> None:
     device = opts["device"]
     if device == "cuda":
@@ -282,7 +304,7 @@ def _measure(model: str, plans: dict[str, str], meshes: dict, opts: dict) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", required=True, help="calibrated YAML or a preset name")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--model", action="append", choices=MODELS)
     parser.add_argument("--rounds", type=int, default=4)
@@ -318,7 +340,10 @@ def main() -> None:
     for model in models:
         print(f"planning {model}", file=sys.stderr, flush=True)
         plans[model] = plan_all(model, topology, frozenset(args.skip))
-    work = {m: {n: p.to_json() for n, p in ps.items()} for m, ps in plans.items()}
+    same = {m: same_program(ps) for m, ps in plans.items()}
+    work = {
+        m: {n: p.to_json() for n, p in ps.items() if same[m][n] == n} for m, ps in plans.items()
+    }
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
         opts = {
@@ -329,13 +354,14 @@ def main() -> None:
         }
         with worker_env(KEEP_FREED if args.device == "cpu" else {}):
             mp.spawn(_worker, args=(free_port(), work, opts, out), nprocs=WORLD, join=True)
-        rows = json.loads(Path(out).read_text())
+        measured = json.loads(Path(out).read_text())
+    rows = {m: {n: measured[m][same[m][n]] for n in plans[m]} for m in measured}
     medians = {m: {n: statistics.median(t) for n, t in times.items()} for m, times in rows.items()}
     points = {
         m: [(ms[n], plans[m][n].estimated_step_us / 1e3) for n in ms] for m, ms in medians.items()
     }
     plot(points, Path(args.plot))
-    text = report(plans, rows, args, args.topology, WORLD)
+    text = report(plans, rows, same, args, args.topology, WORLD)
     write_section(args.out, "fidelity", text)
     print(text)
 

@@ -17,6 +17,9 @@ from scipy.stats import spearmanr
 
 from autoplan.calibrate.run import cpu_model
 
+TIE = 1e-9
+"""Relative difference below which two estimates are the same price."""
+
 
 def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
     """Per model: each plan's relative error, Spearman's rho, and the pick's rank."""
@@ -25,12 +28,14 @@ def summarize(estimated: dict[str, float], measured: dict[str, float]) -> dict:
     rho = float(spearmanr([estimated[n] for n in names], [measured[n] for n in names])[0])
     order = sorted(names, key=measured.__getitem__)
     free = [n for n in ("free-4", "free") if n in names] or names
-    pick = min(free, key=estimated.__getitem__)
+    # estimates equal but for rounding are a tie, which the first listed (the smaller mesh) takes
+    least = min(estimated[n] for n in free)
+    pick = next(n for n in free if estimated[n] <= least * (1 + TIE))
     return {
         "errors": errors,
         "spearman": rho,
         "pick": pick,
-        "pick_rank": order.index(pick) + 1,
+        "pick_rank": 1 + sum(measured[n] < measured[pick] for n in names),
         "pick_over_fastest": measured[pick] / measured[order[0]],
         "fastest": order[0],
     }
@@ -74,8 +79,17 @@ def _shown(path: str) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def report(plans: dict, steps: dict, args: argparse.Namespace, topo_name: str, world: int) -> str:
-    """The RESULTS section of the plans' estimates against their measured ``steps``."""
+def report(
+    plans: dict,
+    steps: dict,
+    same: dict[str, dict[str, str]],
+    args: argparse.Namespace,
+    topo_name: str,
+    world: int,
+) -> str:
+    """The RESULTS section of the plans' estimates against their measured ``steps``;
+    ``same`` names, per model, the candidate whose program each one runs and shares the
+    measurement of."""
     medians = {m: {n: statistics.median(t) for n, t in ts.items()} for m, ts in steps.items()}
     lines = [
         *header(
@@ -87,7 +101,9 @@ def report(plans: dict, steps: dict, args: argparse.Namespace, topo_name: str, w
             f"the slowest rank, in {args.rounds} rounds in which the candidates take turns, "
             f"each built, warmed up for {args.warmup} steps, timed and freed"
             + (", glibc's malloc keeping freed memory mapped" if args.device == "cpu" else "")
-            + ". Error: estimated / measured - 1. Spread: the range of the plan's medians over "
+            + ". A plan marked `= other` runs that candidate's very program (the same "
+            "placements, buckets and settings) and shares its measurement. "
+            "Error: estimated / measured - 1. Spread: the range of the plan's medians over "
             "its rounds, over its median: how far the same plan's measurement moves here.",
         ),
         "",
@@ -103,8 +119,9 @@ def report(plans: dict, steps: dict, args: argparse.Namespace, topo_name: str, w
         spreads = {n: spread(steps[model][n], args.rounds) for n in ms}
         for n in ms:
             mesh = "x".join(map(str, plans[model][n].mesh_shape))
+            shown = n if same[model][n] == n else f"{n} `= {same[model][n]}`"
             lines.append(
-                f"| {model} | {n} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} "
+                f"| {model} | {shown} | {mesh} | {est[n]:.1f} | {ms[n]:.1f} | {s['errors'][n]:+.0%} "
                 f"| {spreads[n]:.0%} |"
             )
         errs = sorted(abs(e) for e in s["errors"].values())
