@@ -42,6 +42,7 @@ from autoplan.core.placements import Placements, fmt, is_strided, made_by_op_onl
 from autoplan.core.torch_adapter import flatten_axes, redistribute
 from autoplan.result.plan import Plan
 from autoplan.result.records import Slot
+from autoplan.runtime.layout import as_traced
 from autoplan.strategies.ops import MM_FAMILY
 from autoplan.trace.capture import TracedGraph
 
@@ -236,7 +237,9 @@ class PlannedGraph:
         if node.target is operator.getitem:
             return env[arg_node(node, 0).name][arg_int(node, 1)]
         placed = {
-            a.name: self._place(env[a.name], want, f"{node.name} input {a.name}", via)
+            a.name: self._place(
+                env[a.name], want, f"{node.name} input {a.name}", via, a.meta.get("val")
+            )
             for a, want, via in zip(tensor_args(node), step.ins, step.via, strict=True)
         }
         args, kwargs = map_args((node.args, dict(node.kwargs)), lambda n: placed[n.name])
@@ -300,9 +303,11 @@ class PlannedGraph:
         want: Placements | None,
         where: str,
         via: Sequence[Placements] = (),
+        traced: object = None,
     ) -> Any:
         """``value`` redistributed to ``want`` through the placements ``via`` (the planned
-        route), one redistribution per hop; a plain tensor counts as replicated."""
+        route), one redistribution per hop; a plain tensor counts as replicated. A moved
+        shard is laid out as ``traced`` (the value's fake tensor) was, when given."""
         if want is None or not isinstance(value, torch.Tensor):
             return value
         if not isinstance(value, DTensor):
@@ -318,7 +323,7 @@ class PlannedGraph:
             return value
         for hop in via:
             value = move(value, self.mesh, hop)
-        return move(value, self.mesh, want)
+        return as_traced(move(value, self.mesh, want), traced)
 
 
 def move(value: DTensor, mesh: DeviceMesh, want: Placements) -> DTensor:
