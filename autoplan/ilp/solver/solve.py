@@ -90,6 +90,19 @@ _POLISH_SHARE = 0.05
 # ... and stops after this many branch-and-bound nodes: it only looks for a better
 # incumbent, which the final MIP does not need.
 _POLISH_NODES = 1000
+# A node limit given with a work (column-nodes) never drops below this many nodes.
+_MIN_NODES = 10
+
+
+def node_limit(max_nodes: int | None, columns: int, work: int | None = None) -> int | None:
+    """The nodes a MIP of ``columns`` columns may take under a limit of ``max_nodes``
+    (None: no limit) and, when ``work`` is given, of ``work`` column-nodes (its columns
+    times its nodes), never under :data:`_MIN_NODES`: a node re-solves an LP over every
+    column, so a fixed count of nodes is minutes on a MIP of 100 k columns. A count, the
+    same on any machine."""
+    if max_nodes is None or work is None:
+        return max_nodes
+    return min(max_nodes, max(_MIN_NODES, work // max(columns, 1)))
 
 
 def _polish(
@@ -162,6 +175,7 @@ def _mip(
     time_limit_s: float | None,
     max_nodes: int | None,
     stats: dict[str, float],
+    node_work: int | None = None,
 ) -> Outcome:
     """The MIP of ``model`` for a plan cheaper than ``below``, over the columns the
     relaxation ``pre`` cannot rule out (all of them without one), warm-started from its
@@ -177,6 +191,7 @@ def _mip(
     # A cost to beat goes to the solver too, as its cutoff: it prunes every node that
     # cannot beat it, and "infeasible" then proves that no plan does.
     cutoff = below if math.isfinite(below) and below < pre.upper else None
+    nodes = node_limit(max_nodes, sub.num_cols, node_work)
     result = run(
         sub,
         solver,
@@ -185,8 +200,10 @@ def _mip(
         mip_gap=mip_gap,
         start=x0,
         cutoff=cutoff,
-        max_nodes=max_nodes,
+        max_nodes=nodes,
     )
+    if result.stopped_by == "nodes" and nodes is not None:
+        stats["node_limit"] = max(stats.get("node_limit", 0.0), float(nodes))
     bound = pre.bound
     if math.isfinite(result.bound):
         bound = max(bound, result.bound) if math.isfinite(bound) else result.bound
@@ -223,6 +240,7 @@ def solve(
     relaxed: Relaxation | None = None,
     cutoff: float = math.inf,
     max_nodes: int | None = None,
+    node_work: int | None = None,
     seed: tuple[Dual, Problem] | None = None,
     max_leaves: int | None = None,
     settle: float = ASCENT_CONVERGED_REFINE,
@@ -237,8 +255,10 @@ def solve(
     ``relaxed``). ``cutoff`` is the cost of a plan known from elsewhere (an untied one,
     :mod:`autoplan.ilp.untying.untie`): the MIP then only looks for plans cheaper than
     it, and the plan returned may cost more than ``cutoff`` (the incumbent, when no
-    cheaper plan exists). ``max_nodes`` caps each MIP's branch-and-bound nodes; the
-    solution then says ``node_limit``. ``seed`` starts the relaxation's dual ascent (see
+    cheaper plan exists). ``max_nodes`` caps each MIP's branch-and-bound nodes, and
+    ``node_work`` with it the column-nodes of each (:func:`node_limit`); the solution then
+    says ``node_limit`` and its stats the most nodes a MIP so cut was allowed
+    (``node_limit``). ``seed`` starts the relaxation's dual ascent (see
     :func:`relax`). ``max_leaves`` makes the branching on modes a search of at most that
     many MIPs (:func:`~autoplan.ilp.solver.modes.branch_modes`). ``settle`` is the
     relaxations' tolerance at the LP's multiplier (:func:`relax`).
@@ -293,7 +313,7 @@ def solve(
         solver,
         mip_gap,
         left,
-        (max_nodes, max_leaves, settle),
+        (max_nodes, node_work, max_leaves, settle),
         stats,
         fixing=fixing,
     )
@@ -327,16 +347,16 @@ def _search(
     solver: str,
     mip_gap: float,
     left: Callable[[], float | None],
-    limits: tuple[int | None, int | None, float],
+    limits: tuple[int | None, int | None, int | None, float],
     stats: dict[str, float],
     *,
     fixing: bool,
 ) -> Outcome:
     """The MIP for a plan cheaper than ``below``: under the branching on modes when the
     model has them and a relaxation to branch from, else one MIP. ``limits``: the nodes
-    of each MIP and the MIPs of the branching (None: no limit), and the relaxations'
-    ``settle``."""
-    max_nodes, max_leaves, settle = limits
+    and column-nodes of each MIP and the MIPs of the branching (None: no limit), and the
+    relaxations' ``settle``."""
+    max_nodes, node_work, max_leaves, settle = limits
 
     def leaf(node: IlpModel, rel: Relaxation, cost: float) -> Outcome:
         if rel is not pre:  # a branch's own incumbent, polished as the root's was
@@ -350,6 +370,7 @@ def _search(
             time_limit_s=left(),
             max_nodes=max_nodes,
             stats=stats,
+            node_work=node_work,
         )
 
     if not fixing or pre.choice is None or not mode_groups(model.reduced):

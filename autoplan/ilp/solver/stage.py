@@ -26,11 +26,13 @@ from autoplan.ilp.solver.solve import Solution, solve
 from autoplan.ilp.untying.untie import untie_under_budget, worth_untying
 
 # The tied MIP that checks no tied plan beats the untied one stops after this many
-# branch-and-bound nodes (per MIP, under the branching on modes), a limit of work that
-# gives the same plan on any machine; cut there, the plan is returned with status
-# node_limit and its gap to the tied bound. It gets a limit of its own, not the user's
-# whole time: it can only find a tied plan cheaper by at most that gap.
+# branch-and-bound nodes (per MIP, under the branching on modes), and a large one after
+# PROOF_WORK column-nodes (solve.node_limit): limits of work that give the same plan on
+# any machine; cut there, the plan is returned with status node_limit and its gap to
+# the tied bound. It gets a limit of its own, not the user's whole time: it can only
+# find a tied plan cheaper by at most that gap.
 PROOF_NODES = 2000
+PROOF_WORK = 1_500_000
 
 
 def solve_ilp(
@@ -52,8 +54,9 @@ def solve_ilp(
     plan is cheaper, and with a cutoff that close to the LP bound most columns go. Its
     status and bound are the tied MIP's: ``optimal`` says no tied plan beats the plan
     returned (:mod:`autoplan.ilp.untying.untie` says what is known about untied ones).
-    That MIP stops at :data:`PROOF_NODES` nodes; cut there, the untied plan comes back
-    with status ``node_limit`` and its ``proof_nodes`` set. Without ``fixing``, the MIP
+    That MIP stops at :data:`PROOF_NODES` nodes, fewer on a large MIP (:data:`PROOF_WORK`);
+    cut there, the untied plan comes back with status ``node_limit`` and its
+    ``proof_nodes`` set to the limit it had. Without ``fixing``, the MIP
     runs alone on the whole model. No step reads the clock but to keep ``time_limit_s``.
     ``lam``: a memory multiplier a solve of a nearly equal problem ended at, for the
     relaxation's ascent (:func:`~autoplan.ilp.bound.relax.relax`).
@@ -79,13 +82,16 @@ def solve_ilp(
         relaxed=relaxed,
         cutoff=untied.objective_us if untied is not None else math.inf,
         max_nodes=PROOF_NODES if untied is not None else None,
+        node_work=PROOF_WORK,
     )
     tied = replace(tied, warm=relaxed.warm)  # every plan returned below is made from it
     if untied is None:
         return tied, 0
     seconds = tied.solve_seconds + untied.seconds
     status = "time_limit" if untied.out_of_time else tied.status
-    cut = PROOF_NODES if status == "node_limit" else None
+    cut = None
+    if status == "node_limit":
+        cut = int((tied.stats or {}).get("node_limit", PROOF_NODES))
     if not tied.choice or untied.objective_us >= tied.objective_us:
         return replace(tied, status=status, solve_seconds=seconds, proof_nodes=cut), 0
     rep = model.reduced.rep

@@ -22,7 +22,8 @@ footprint) keeps the strategies within the tied incumbent's gap by that measure;
 every other node keeps the strategies the LP uses, plus the incumbent's own. The
 untied ILP over those (one node per copy) starts from the better of the mix and the
 tied incumbent, stops within ``_CLOSE`` of its own bound or at ``_PASS_NODES``
-branch-and-bound nodes (a limit of work: the same plan on any machine); if its plan is
+branch-and-bound nodes, fewer on a large ILP (``_PASS_WORK``; limits of work: the same
+plan on any machine); if its plan is
 still more than ``_CLOSE`` above the tied bound, a second pass applies the reduced-cost
 test to every node. The plan is priced exactly and kept only when cheaper.
 
@@ -54,10 +55,12 @@ from autoplan.ilp.untying.mix import mix_layers
 # a larger untied ILP does not solve within the pass's node limit.
 _CLOSE = 1e-3
 _MAX_GROWTH = {False: 10, True: 4}
-# Each pass's MIP stops after this many branch-and-bound nodes, and its branching on
-# checkpointing modes after this many MIPs: it searches, it proves nothing, and the tied
-# MIP after it checks the plan it gives.
+# Each pass's MIP stops after this many branch-and-bound nodes (a large one after
+# _PASS_WORK column-nodes, solve.node_limit), and its branching on checkpointing modes
+# after this many MIPs: it searches, it proves nothing, and the tied MIP after it checks
+# the plan it gives.
 _PASS_NODES = 200
+_PASS_WORK = 1_500_000
 _PASS_LEAVES = 8
 
 
@@ -152,6 +155,7 @@ def untie_under_budget(
             mip_gap=max(mip_gap, _CLOSE),
             start=best,
             max_nodes=_PASS_NODES,
+            node_work=_PASS_WORK,
             max_leaves=_PASS_LEAVES,
             settle=ASCENT_CONVERGED_SEARCH,  # its prices only steer a search
             seed=(relaxed.dual, p) if relaxed.dual is not None else None,

@@ -7,11 +7,13 @@ import torch
 
 import autoplan
 import autoplan.ilp.solver.solve as solve_module
+import autoplan.ilp.solver.stage as stage_module
+import autoplan.ilp.untying.untie as untie_module
 from autoplan.ilp.backends import RunResult
 from autoplan.ilp.bound.relax import relax
 from autoplan.ilp.formulation.build import build_ilp
-from autoplan.ilp.solver.solve import solve
-from autoplan.ilp.solver.stage import PROOF_NODES, solve_ilp
+from autoplan.ilp.solver.solve import node_limit, solve
+from autoplan.ilp.solver.stage import PROOF_NODES, PROOF_WORK, solve_ilp
 from autoplan.ilp.untying.untie import worth_untying
 from autoplan.models.mlp import TinyMLP
 from tests.helpers.brute_force import brute_force, combos, footprint, step_time
@@ -90,6 +92,58 @@ def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_node_limit(monkeypat
     assert cut.status == "node_limit" and cut.proof_nodes == PROOF_NODES
     assert (cut.objective_us, cut.choice, split_cut) == (whole.objective_us, whole.choice, split)
     assert 0.0 <= cut.gap < 1.0
+
+
+def test_node_limits_shrink_with_the_mip_and_keep_a_floor():
+    """A node limit holds for a small MIP; a large one gets fewer nodes, never under the floor."""
+    assert node_limit(None, 10**6, PROOF_WORK) is None
+    assert node_limit(PROOF_NODES, 10**9) == PROOF_NODES  # no work given: the count alone
+    assert node_limit(PROOF_NODES, 100, PROOF_WORK) == PROOF_NODES
+    large = node_limit(PROOF_NODES, 100_000, PROOF_WORK)
+    assert large is not None and large < PROOF_NODES
+    assert large == node_limit(PROOF_NODES, 100_000, PROOF_WORK)  # no clock, no state
+    floor = node_limit(PROOF_NODES, 10**9, PROOF_WORK)
+    assert floor is not None and 0 < floor <= large
+    assert node_limit(3, 10**9, PROOF_WORK) == 3  # a limit below the floor stays as given
+
+
+def test_a_cut_proof_names_the_limit_its_size_got(monkeypatch):
+    """The tied proof of a MIP too large for PROOF_NODES gets the scaled limit, and the
+    plan's gap and proof_nodes say that limit."""
+    costs = layer_stack(3, 0, coupled=False)
+    budget = budget_between(costs, 0.3)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
+    monkeypatch.setattr(stage_module, "PROOF_WORK", 50)
+    monkeypatch.setattr(solve_module, "_MIN_NODES", 2)
+    limits = _cut_proofs(monkeypatch)
+    cut, _ = solve_ilp(costs, model)
+    assert len(limits) == 1 and limits[0] is not None and 2 <= limits[0] < PROOF_NODES
+    assert cut.status == "node_limit" and cut.proof_nodes == limits[0]
+
+
+def test_untie_passes_get_fewer_nodes_on_a_larger_mip(monkeypatch):
+    """Each untie pass's MIP gets PASS_NODES, or fewer when its columns times them pass
+    the pass's work; the plan stays valid and within the budget."""
+    costs = layer_stack(3, 0, coupled=True)
+    budget = budget_between(costs, 0.2)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
+    real, passes = solve_module.run, []
+
+    def spy(m, solver, **kwargs):
+        if kwargs["mip"] and kwargs.get("cutoff") is None:
+            passes.append((m.num_cols, kwargs.get("max_nodes")))
+        return real(m, solver, **kwargs)
+
+    monkeypatch.setattr(solve_module, "run", spy)
+    whole, _ = solve_ilp(costs, model)
+    assert passes and all(n == untie_module._PASS_NODES for _, n in passes)
+    passes.clear()
+    monkeypatch.setattr(untie_module, "_PASS_WORK", 40)
+    monkeypatch.setattr(solve_module, "_MIN_NODES", 1)
+    cut, _ = solve_ilp(costs, model)
+    assert passes and all(n == max(1, 40 // cols) for cols, n in passes)
+    assert footprint(costs, cut.choice) <= budget
+    assert step_time(costs, cut.choice) == pytest.approx(cut.objective_us)
 
 
 def test_a_tied_proof_cut_by_the_clock_says_time_limit(monkeypatch):
