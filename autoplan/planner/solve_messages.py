@@ -27,6 +27,14 @@ def status_message(solution: Solution, split: int, config: PlanConfig) -> str:
     """What the plan's message says of how the solve ended (empty when proved optimal)."""
     gap = solution.gap
     within = f"; it is at most {gap:.3%} above any tied plan" if math.isfinite(gap) else ""
+    skipped = int((solution.stats or {}).get("skipped_columns", 0))
+    if solution.status == "node_limit" and solution.proof_nodes == 0 and skipped:
+        return (
+            "node_limit: after the untie stage (layers under the memory budget), the MIP "
+            f"over tied plans was not run: at {skipped} columns even its first nodes are "
+            f"past the proof's limit of work{within}. Set plan.untie_under_budget: false "
+            "to solve the tied ILP alone, within plan.time_limit_s."
+        )
     if solution.status == "node_limit" and solution.proof_nodes is not None:
         return (
             "node_limit: after the untie stage (layers under the memory budget), the MIP "

@@ -99,7 +99,7 @@ def node_limit(max_nodes: int | None, columns: int, work: int | None = None) -> 
     (None: no limit) and, when ``work`` is given, of ``work`` column-nodes (its columns
     times its nodes), never under :data:`_MIN_NODES`: a node re-solves an LP over every
     column, so a fixed count of nodes is minutes on a MIP of 100 k columns. A count, the
-    same on any machine."""
+    same on any machine. A MIP whose floor is past the work is not run at all (``_mip``)."""
     if max_nodes is None or work is None:
         return max_nodes
     return min(max_nodes, max(_MIN_NODES, work // max(columns, 1)))
@@ -192,6 +192,12 @@ def _mip(
     # cannot beat it, and "infeasible" then proves that no plan does.
     cutoff = below if math.isfinite(below) and below < pre.upper else None
     nodes = node_limit(max_nodes, sub.num_cols, node_work)
+    if node_work is not None and nodes is not None and sub.num_cols * nodes > node_work:
+        # Not run: even its floor of nodes is past the work, and the root of a MIP that
+        # size (a million columns) can take longer than any node limit would allow.
+        stats["node_limit"] = 0.0
+        stats["skipped_columns"] = float(sub.num_cols)
+        return Outcome(None, math.inf, pre.bound, "node_limit", pre.out_of_time)
     result = run(
         sub,
         solver,

@@ -146,6 +146,48 @@ def test_untie_passes_get_fewer_nodes_on_a_larger_mip(monkeypatch):
     assert step_time(costs, cut.choice) == pytest.approx(cut.objective_us)
 
 
+def test_a_proof_past_its_work_is_not_run_and_the_plan_says_so(monkeypatch):
+    """A tied proof whose floor of nodes is past its work is not run: the untied plan
+    comes back as node_limit, proof_nodes 0, its gap to the tied bound, no MIP called."""
+    costs = layer_stack(3, 0, coupled=False)
+    budget = budget_between(costs, 0.3)
+    model = build_ilp(costs, memory_budget_bytes=budget, tie=tie_layers(costs))
+    whole, split = solve_ilp(costs, model)
+    real, proofs = solve_module.run, []
+
+    def spy(m, solver, **kwargs):
+        if kwargs["mip"] and kwargs.get("cutoff") is not None:
+            proofs.append(m.num_cols)
+        return real(m, solver, **kwargs)
+
+    monkeypatch.setattr(solve_module, "run", spy)
+    monkeypatch.setattr(stage_module, "PROOF_WORK", 1)
+    skipped, split_skipped = solve_ilp(costs, model)
+    assert proofs == []
+    assert skipped.status == "node_limit" and skipped.proof_nodes == 0
+    assert skipped.stats["skipped_columns"] > 0
+    assert (skipped.objective_us, skipped.choice, split_skipped) == (
+        whole.objective_us,
+        whole.choice,
+        split,
+    )
+    assert 0.0 <= skipped.gap < 1.0
+
+
+def test_planner_says_a_proof_was_not_run(monkeypatch):
+    """A plan whose tied proof was too large to run says so and names its columns."""
+    mesh = autoplan.fake_mesh((2, 2), ("dp", "tp"))
+    with torch.device("meta"):
+        model = TinyMLP(dim=64, hidden=256, n_layers=6)
+    config = autoplan.PlanConfig(memory_budget_gib=1.5 * 2**20 / 2**30)
+    monkeypatch.setattr(stage_module, "PROOF_WORK", 1)
+    plan = autoplan.plan(model, lambda: torch.randn(32, 64), mesh, config=config)
+    assert plan.status == "node_limit" and plan.ilp_size["untied"] > 0
+    assert "over tied plans was not run: at " in plan.message
+    assert "columns even its first nodes are past the proof's limit of work" in plan.message
+    assert "limit of 0 branch-and-bound" not in plan.message
+
+
 def test_a_tied_proof_cut_by_the_clock_says_time_limit(monkeypatch):
     """The user's time limit stopping the tied proof gives time_limit, not node_limit."""
     costs = layer_stack(3, 0, coupled=False)
