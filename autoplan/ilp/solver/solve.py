@@ -195,8 +195,8 @@ def _mip(
     if node_work is not None and nodes is not None and sub.num_cols * nodes > node_work:
         # Not run: even its floor of nodes is past the work, and the root of a MIP that
         # size (a million columns) can take longer than any node limit would allow.
-        stats["node_limit"] = 0.0
-        stats["skipped_columns"] = float(sub.num_cols)
+        stats.setdefault("node_limit", 0.0)  # a MIP cut at its nodes elsewhere says so
+        stats["skipped_columns"] = max(stats.get("skipped_columns", 0.0), float(sub.num_cols))
         return Outcome(None, math.inf, pre.bound, "node_limit", pre.out_of_time)
     result = run(
         sub,
