@@ -41,7 +41,11 @@ prices and a plan off the result.
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +72,11 @@ from autoplan.ilp.tolerances import (
 # A run of sweeps stops once converged (tolerances.ASCENT_CONVERGED_*) or after this many
 # forward-and-backward pairs: a bound is valid wherever the sweeps stop.
 _MAX_SWEEPS = 200
+# A visit whose edges hold this many prices or more takes their row minima on worker
+# threads (numpy's subtract and min release the GIL; each edge's minima are the same
+# whichever thread takes them): below it, the hand-over costs more than it saves.
+_THREADED_PRICES = 1 << 20
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,12 @@ class _Ascent:
             for r, ends in self.ends.items()
             for forward in (True, False)
         }
+        # per class, whether its visits take their edges' minima on threads
+        self._threaded = {
+            r: len(ends) > 1 and sum(end.edge.size for end in ends) >= _THREADED_PRICES
+            for r, ends in self.ends.items()
+        }
+        self._pool: ThreadPoolExecutor | None = None
         for r, ends in self.ends.items():
             for end in ends:
                 self.theta[r][end.bad] = np.inf
@@ -179,12 +194,12 @@ class _Ascent:
         ends = plan.ends
         if not ends:
             return
-        gave = []
-        for end in ends:
-            c = end.row_minima()
-            if end.guard:
-                c = np.where(np.isfinite(c), c, 0.0)
-            gave.append(c)
+        pool = self._pool if self._threaded[r] else None
+        found = list(pool.map(End.row_minima, ends)) if pool else [e.row_minima() for e in ends]
+        gave = [
+            np.where(np.isfinite(c), c, 0.0) if end.guard else c
+            for end, c in zip(ends, found, strict=True)
+        ]
         t = self.theta[r]
         if len(ends) == 1:
             t += gave[0][plan.local]
@@ -203,6 +218,23 @@ class _Ascent:
         """Sweep until a sweep raises the bound by less than ``rise`` of it, or until the
         bound can no longer get to ``reach`` in the sweeps left at the last sweep's rise;
         returns the sweeps made."""
+        with self._threads():
+            return self._converge(rise, reach)
+
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """Worker threads for the visits of large classes while sweeps run, shut down after."""
+        if _WORKERS < 2 or not any(self._threaded.values()) or self._pool is not None:
+            yield
+            return
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            self._pool = pool
+            try:
+                yield
+            finally:
+                self._pool = None
+
+    def _converge(self, rise: float, reach: float) -> int:
         last = self.bound()
         for n in range(1, _MAX_SWEEPS + 1):
             self.sweep()
@@ -277,6 +309,9 @@ class Ascent:
         if time_limit_s is not None:
             self._st.deadline = time.perf_counter() + time_limit_s
         self.sweeps = 0
+        # (multiplier, rise) of refinements not kept since the state last changed: the same
+        # one again from the same state is the same sweeps to the same end
+        self._not_kept: set[tuple[float, float]] = set()
         self.warmed = warm is not None and warm_fits(self._st.snapshot(), warm.snapshot)
         if warm is not None and self.warmed:
             self._st.restore(warm.snapshot)
@@ -290,6 +325,7 @@ class Ascent:
         only if the bound rises; from a warm start, sweeps at its multiplier only (the
         refinement then moves it). Stops once the bound reaches ``enough`` (the caller
         only needs to know it does)."""
+        self._not_kept.clear()
         self.sweeps += self._st.converge()
         if budget_can_bind(self._st.p) and not self.warmed and self._st.bound() < enough:
             self.sweeps += _search_lam(self._st, enough)
@@ -304,14 +340,19 @@ class Ascent:
         """Sweep at multiplier ``lam`` (e.g. the LP's) until a sweep raises the bound by
         less than ``rise`` of it, or it can no longer pass the bound it started from
         (:meth:`_Ascent.converge`); kept only if the bound rises, which the return value
-        says."""
+        says. The same refinement again, from a state it was not kept in, is not swept
+        again."""
         st = self._st
+        if (lam, rise) in self._not_kept:
+            return False
         before, snap = st.bound(), st.snapshot()
         st.set_lam(lam)
         self.sweeps += st.converge(rise, reach=before)
         if st.bound() > before:
+            self._not_kept.clear()
             return True
         st.restore(snap)
+        self._not_kept.add((lam, rise))
         return False
 
     def result(self) -> Dual:

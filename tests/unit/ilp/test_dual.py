@@ -419,3 +419,54 @@ def test_a_relax_round_keeps_the_used_and_then_the_least_priced_columns_up_to_it
             assert dj[left].min() >= worst
             tied = np.flatnonzero(left & (dj == worst))
             assert not len(tied) or tied.min() > np.flatnonzero(extra & (dj == worst)).max()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_visits_on_worker_threads_give_the_same_ascent_to_the_last_bit(seed, monkeypatch):
+    """A class's edges' minima taken on worker threads (as a 4-D mesh's large classes
+    take them) give the same bound, multiplier, sweeps and reduced costs as taken in turn."""
+    from autoplan.ilp.bound import dual
+
+    threaded = 0
+    for p in (random_problem(seed), routed_problem(seed), _moded_problem(seed)):
+        monkeypatch.setattr(dual, "_THREADED_PRICES", 1 << 62)
+        alone = Ascent(p)
+        alone.raise_bound()
+        monkeypatch.setattr(dual, "_THREADED_PRICES", 0)
+        monkeypatch.setattr(dual, "_WORKERS", 2)
+        pooled = Ascent(p)
+        threaded += sum(pooled._st._threaded.values())
+        pooled.raise_bound()
+        monkeypatch.undo()
+        got, want = pooled.result(), alone.result()
+        assert got.bound == want.bound and got.lam == want.lam and got.sweeps == want.sweeps
+        for r in p.linear:
+            np.testing.assert_array_equal(got.reduced[r], want.reduced[r])
+        assert pooled._st._pool is None  # the threads end with the sweeps
+    assert threaded
+
+
+def test_a_refine_not_kept_is_not_swept_again_from_the_same_state():
+    """Refined at a multiplier far off and not kept, the same refinement asked again makes
+    no sweep and keeps the bound; one at another multiplier still sweeps, and after a
+    kept refinement the first may be tried again."""
+    tried = 0
+    for p in [random_problem(s) for s in range(40)] + [routed_problem(s) for s in range(40)]:
+        if p.budget is None:
+            continue
+        ascent = Ascent(p)
+        ascent.raise_bound()
+        lam = 10.0 * ascent.result().lam + 10.0
+        if ascent.refine(lam):
+            continue
+        tried += 1
+        sweeps, bound = ascent.sweeps, ascent.result().bound
+        assert not ascent.refine(lam)
+        assert ascent.sweeps == sweeps and ascent.result().bound == bound
+        ascent.refine(lam + 1.0)
+        assert ascent.sweeps > sweeps
+        if ascent.refine(ascent.result().lam * 0.5):  # a kept one: the state changed
+            before = ascent.sweeps
+            ascent.refine(lam)
+            assert ascent.sweeps > before
+    assert tried
