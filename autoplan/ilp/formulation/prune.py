@@ -46,13 +46,28 @@ _WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]]) -> np.ndarray:
-    """One row per allowed strategy: every price and amount that must not be worse."""
-    cols = [p.linear[r][idx, None]]
-    if p.budget is not None and r in p.memory:
-        cols.append(p.memory[r][idx, None])
-    for e, is_src in edges:
-        cols.append(e.cost[e.src_group[idx]] if is_src else e.cost[:, e.dst_group[idx]].T)
-    return np.hstack(cols)
+    """One row per allowed strategy: every price and amount that must not be worse.
+
+    Written into one array block by block, each edge's prices gathered by rows: on a 4-D
+    mesh a class's features are hundreds of megabytes, and gathering a destination's
+    columns, then stacking, copies them twice through strided reads."""
+    memory = p.budget is not None and r in p.memory
+    widths = [e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges]
+    out = np.empty((len(idx), 1 + memory + sum(widths)))
+    out[:, 0] = p.linear[r][idx]
+    if memory:
+        out[:, 1] = p.memory[r][idx]
+    at = 1 + memory
+    for (e, is_src), width in zip(edges, widths, strict=True):
+        if is_src:
+            out[:, at : at + width] = e.cost[e.src_group[idx]]
+        else:
+            # a destination's column per strategy: rows of the transpose, made contiguous
+            # once when the strategies are at least as many as the columns
+            by_row = np.ascontiguousarray(e.cost.T) if len(idx) >= e.cost.shape[1] else e.cost.T
+            out[:, at : at + width] = by_row[e.dst_group[idx]]
+        at += width
+    return out
 
 
 def dominated(f: np.ndarray, probe: int = 48, chunk: int = 4096, span: int = 64) -> np.ndarray:
@@ -80,9 +95,9 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
     row of the second (an ``auto`` layer's mode blocks, whose edges are block diagonal).
     Then the pairs across blocks need no comparing: a third of the pairs for three."""
     blocks = np.unique(block) if block is not None else ()
-    if len(blocks) < 2:
+    if block is None or len(blocks) < 2:
         return dominated(f)
-    rows = [np.flatnonzero(block == b) for b in blocks]
+    rows = [_rows_of(block, b) for b in blocks]
     finite_f = np.isfinite(f)
     finite = [finite_f[r] for r in rows]
     some = [fin.any(axis=0) for fin in finite]  # columns some row of a block has finite
@@ -94,6 +109,16 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
     for r in rows:
         out[r] = dominated(f[r])
     return out
+
+
+def _rows_of(block: np.ndarray, b: int) -> np.ndarray | slice:
+    """The rows of block ``b``: a slice when they are one run (a mode block's strategies
+    are), so that its rows are read in place rather than copied out of features of
+    hundreds of megabytes."""
+    at = np.flatnonzero(block == b)
+    if len(at) and at[-1] - at[0] + 1 == len(at):
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
 
 
 def _distinct_dominated(

@@ -214,7 +214,8 @@ def _brute_dominated(f: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(12))
 def test_mode_blocks_are_pruned_apart_only_when_no_block_can_dominate_another(seed):
     """dominated_in_blocks equals comparing every pair: on blocks that a block diagonal
-    edge keeps apart (checked block by block) and on blocks it does not."""
+    edge keeps apart (checked block by block) and on blocks it does not, each block's
+    rows one run (read in place) or spread out."""
     from autoplan.ilp.formulation.prune import dominated_in_blocks
 
     rng = np.random.default_rng(seed)
@@ -223,6 +224,42 @@ def test_mode_blocks_are_pruned_apart_only_when_no_block_can_dominate_another(se
     f = rng.choice([1.0, 2.0, 3.0], size=(count * width, 4))
     f[rng.random(len(f)) < 0.3] = f[0]  # repeated rows
     diagonal = np.where(block[:, None] == np.arange(count)[None, :], 0.0, np.inf)
+    spread = rng.permutation(len(f))
     for apart in (True, False):
         g = np.hstack([f, diagonal]) if apart else f
         np.testing.assert_array_equal(dominated_in_blocks(g, block), _brute_dominated(g))
+        g = g[spread]
+        np.testing.assert_array_equal(dominated_in_blocks(g, block[spread]), _brute_dominated(g))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_classs_features_are_its_prices_and_amounts_side_by_side(seed):
+    """The pruning's features: per allowed strategy, its linear cost, its memory under a
+    budget, then each edge's row (at the source) or column (at the destination) of prices,
+    in the incident order; a destination's columns read the same whether the strategies
+    are fewer than the columns or not."""
+    from autoplan.ilp.formulation.problem import Edge, Problem
+    from autoplan.ilp.formulation.prune import _features
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 9))
+    linear = {"a": rng.uniform(0, 5, n), "b": rng.uniform(0, 5, 3)}
+    memory = {"a": rng.choice([1.0, 2.0], n)}
+    edges = []
+    for k in range(3):
+        width = int(rng.integers(1, 2 * n))  # fewer groups than strategies, or more
+        group = rng.integers(0, width, n)
+        other = rng.integers(0, 2, 3)
+        if k % 2:
+            cost = rng.uniform(0, 5, (2, width))
+            edges.append((Edge("b", "a", other, group, cost, "b -> a"), False))
+        else:
+            cost = rng.uniform(0, 5, (width, 2))
+            edges.append((Edge("a", "b", group, other, cost, "a -> b"), True))
+    idx = np.flatnonzero(rng.random(n) < 0.8)
+    for budget in (None, 3.0):
+        p = Problem(linear, memory, [e for e, _ in edges], {"a": "a", "b": "b"}, budget)
+        want = [linear["a"][idx, None]] + ([memory["a"][idx, None]] if budget else [])
+        for e, is_src in edges:
+            want.append(e.cost[e.src_group[idx]] if is_src else e.cost[:, e.dst_group[idx]].T)
+        np.testing.assert_array_equal(_features(p, "a", idx, edges), np.hstack(want))
