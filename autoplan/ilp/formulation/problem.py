@@ -41,7 +41,7 @@ import numpy as np
 from autoplan.core.components import components
 from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
-from autoplan.ilp.formulation.distinct import distinct_rows
+from autoplan.ilp.formulation.distinct import distinct_cols, distinct_rows
 from autoplan.ilp.reductions.tying import edge_key
 from autoplan.ilp.tolerances import ADDITIVE_RTOL
 
@@ -192,10 +192,10 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
 
 
 def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct rows of ``a`` in first-seen order, each row's index among them, and
-    where each distinct row is first seen."""
+    """Distinct rows of ``a`` in first-seen order (``a`` itself when all are), each row's
+    index among them, and where each distinct row is first seen."""
     firsts, of = distinct_rows(a)
-    return a[firsts], of, firsts
+    return (a if len(firsts) == len(a) else a[firsts]), of, firsts
 
 
 def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
@@ -204,9 +204,9 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
     cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
     if e.compact and rows.all() and cols.all():
         return  # nothing dropped since the last compaction
-    sub = e.cost[np.ix_(rows, cols)]
+    sub = e.cost if rows.all() and cols.all() else e.cost[np.ix_(rows, cols)]
     uniq_rows, row_of, row_first = _dedupe(sub)
-    uniq_t, col_of, col_first = _dedupe(np.ascontiguousarray(uniq_rows.T))
+    col_first, col_of = distinct_cols(uniq_rows)
     if e.row_state is not None and e.col_state is not None:
         # a merged row keeps its first member's state: equal rows are equal distances
         e.row_state = e.row_state[np.flatnonzero(rows)[row_first]]
@@ -217,7 +217,9 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
     col_map[cols] = col_of
     e.src_group = np.where(ok_src, row_map[e.src_group], -1)
     e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
-    e.cost = np.ascontiguousarray(uniq_t.T)
+    e.cost = np.ascontiguousarray(
+        uniq_rows if len(col_first) == uniq_rows.shape[1] else uniq_rows[:, col_first]
+    )
     e.compact = True
 
 

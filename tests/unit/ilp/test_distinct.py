@@ -1,6 +1,6 @@
-"""Distinct rows by their bits (autoplan.ilp.formulation.distinct): the same as a dict of
-each row's bytes, with the real hash and with every hash made to collide, and the
-dominance check and the edge compaction built on them unchanged."""
+"""Distinct rows and columns by their bits (autoplan.ilp.formulation.distinct): the same as
+a dict of each row's (column's) bytes, with the real hash and with every hash made to
+collide, and the dominance check and the edge compaction built on them unchanged."""
 
 from __future__ import annotations
 
@@ -57,3 +57,20 @@ def test_dominance_over_repeated_rows_whatever_the_hash(seed, monkeypatch):
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8), expected)
     monkeypatch.setattr(distinct, "_row_hashes", lambda bits: np.zeros(len(bits), np.uint64))
     np.testing.assert_array_equal(dominated(f, probe=6, chunk=8), expected)
+
+
+@pytest.mark.parametrize("collide", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_distinct_columns_equal_the_distinct_rows_of_the_transpose(seed, collide, monkeypatch):
+    """Columns hashed in place give what the rows of the transposed matrix give: where
+    each distinct column first appears and each column's index among them, with every
+    hash made to collide too."""
+    if collide:
+        monkeypatch.setattr(
+            distinct, "_col_hashes", lambda bits: np.zeros(bits.shape[1], np.uint64)
+        )
+    for a in (_matrix(seed), _matrix(seed).T, np.zeros((0, 3)), np.zeros((4, 0))):
+        firsts, of = distinct.distinct_cols(a)
+        expected_firsts, expected_of = _by_dict(np.asarray(a).T)
+        np.testing.assert_array_equal(firsts, expected_firsts)
+        np.testing.assert_array_equal(of, expected_of)
