@@ -45,15 +45,29 @@ _THREADED = 256
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _features(p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]]) -> np.ndarray:
-    """One row per allowed strategy: every price and amount that must not be worse.
+def _width(p: Problem, r: str, edges: list[tuple[Edge, bool]]) -> int:
+    """How many features each of class r's strategies has (:func:`_features`)."""
+    memory = p.budget is not None and r in p.memory
+    return 1 + memory + sum(e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges)
+
+
+def _features(
+    p: Problem,
+    r: str,
+    idx: np.ndarray,
+    edges: list[tuple[Edge, bool]],
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """One row per allowed strategy: every price and amount that must not be worse (in
+    ``out`` when given, ``len(idx)`` rows of :func:`_width`).
 
     Written into one array block by block, each edge's prices gathered by rows: on a 4-D
     mesh a class's features are hundreds of megabytes, and gathering a destination's
     columns, then stacking, copies them twice through strided reads."""
     memory = p.budget is not None and r in p.memory
     widths = [e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges]
-    out = np.empty((len(idx), 1 + memory + sum(widths)))
+    if out is None:
+        out = np.empty((len(idx), _width(p, r, edges)))
     out[:, 0] = p.linear[r][idx]
     if memory:
         out[:, 1] = p.memory[r][idx]
@@ -177,6 +191,10 @@ def _judge(
     """Which of class r's allowed strategies ``idx`` are dominated (None: its features are
     those ``seen`` holds from the round before, so none is). Its features are built here,
     on the thread that judges it, and dropped after unless ``seen`` keeps them."""
+    if seen is None and r in p.blocks:
+        apart = _apart(p, r, idx, edges)
+        if apart is not None:
+            return apart
     f = _features(p, r, idx, edges)
     last = seen.get(r) if seen is not None else None
     if seen is not None:
@@ -184,6 +202,33 @@ def _judge(
     if last is not None and np.array_equal(last, f):  # False on another shape
         return None
     return dominated_in_blocks(f, idx // p.blocks[r][1] if r in p.blocks else None)
+
+
+def _apart(
+    p: Problem, r: str, idx: np.ndarray, edges: list[tuple[Edge, bool]]
+) -> np.ndarray | None:
+    """:func:`dominated_in_blocks` of class r's features with its mode blocks judged apart,
+    each block's features built in turn into one buffer: a third of the memory for three
+    modes, and the pages of one block's array reused by the next. None when the blocks
+    cannot be judged apart (the caller then judges the features whole)."""
+    block = idx // p.blocks[r][1]
+    rows = [_rows_of(block, b) for b in np.unique(block)]
+    if len(rows) < 2:
+        return None
+    sizes = [len(idx[rw]) for rw in rows]
+    buf = np.empty((max(sizes), _width(p, r, edges)))
+    out = np.zeros(len(idx), dtype=bool)
+    some, every = [], []
+    for rw, size in zip(rows, sizes, strict=True):
+        f = _features(p, r, idx[rw], edges, out=buf[:size])
+        finite = np.isfinite(f)
+        some.append(finite.any(axis=0))
+        every.append(finite.all(axis=0))
+        out[rw] = dominated(f)
+    for lower, upper in itertools.permutations(range(len(rows)), 2):
+        if not (every[upper] & ~some[lower]).any():
+            return None
+    return out
 
 
 def _prune_round(p: Problem, seen: dict[str, np.ndarray] | None) -> int:

@@ -13,7 +13,7 @@ from autoplan.ilp.formulation.problem import build_problem, simplify
 from autoplan.ilp.formulation.prune import prune_dominated
 from autoplan.ilp.solver.solve import solve
 from tests.helpers.brute_force import brute_force, combos, dominated_rows, footprint
-from tests.helpers.ilp_problems import SEEDS, random_costs
+from tests.helpers.ilp_problems import SEEDS, moded_problem, random_costs
 
 APPROX = {"rel": 1e-6, "abs": 1e-6}
 
@@ -263,3 +263,42 @@ def test_a_classs_features_are_its_prices_and_amounts_side_by_side(seed):
         for e, is_src in edges:
             want.append(e.cost[e.src_group[idx]] if is_src else e.cost[:, e.dst_group[idx]].T)
         np.testing.assert_array_equal(_features(p, "a", idx, edges), np.hstack(want))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_mode_blocks_judged_a_block_at_a_time_match_the_whole_features(seed):
+    """A moded class judged block by block, each block's features built into one buffer,
+    drops what comparing every pair of its whole features drops; a class whose blocks no
+    edge keeps apart is judged whole."""
+    from autoplan.ilp.formulation.problem import Edge, Problem
+    from autoplan.ilp.formulation.prune import _apart, _features, _judge
+
+    p = moded_problem(seed)
+    rng = np.random.default_rng(seed)
+    incident = p.incident()
+    apart = whole = 0
+    for r in p.blocks:
+        idx = np.flatnonzero(rng.random(len(p.linear[r])) < 0.85)
+        if len(idx) < 2:
+            continue
+        want = _brute_dominated(_features(p, r, idx, incident[r]))
+        np.testing.assert_array_equal(_judge(p, r, idx, incident[r], None), want)
+        found = _apart(p, r, idx, incident[r])
+        apart += found is not None
+        whole += found is None
+    # a moded class whose one edge is dense: no column keeps its blocks apart
+    width = 3
+    lone = Problem(
+        {"a": rng.uniform(0, 5, 2 * width), "b": rng.uniform(0, 5, 2)},
+        {},
+        [Edge("a", "b", np.arange(2 * width), np.arange(2), rng.uniform(0, 5, (6, 2)), "a -> b")],
+        {"a": "a", "b": "b"},
+        None,
+        {"a": ("layer", width)},
+    )
+    idx = np.arange(2 * width)
+    edges = lone.incident()["a"]
+    assert _apart(lone, "a", idx, edges) is None
+    want = _brute_dominated(_features(lone, "a", idx, edges))
+    np.testing.assert_array_equal(_judge(lone, "a", idx, edges, None), want)
+    assert apart and not whole
