@@ -57,20 +57,37 @@ def _digest(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def _array_key(a: np.ndarray) -> bytes:
-    rounded = np.round(np.asarray(a, dtype=np.float64), TIE_DECIMALS)
-    return rounded.tobytes() + str(a.shape).encode()
+class _Digests:
+    """Digests of arrays of prices rounded to :data:`TIE_DECIMALS`, once per array object
+    (twin nodes and edges share their arrays), and of whole edge keys (``memo``). Each
+    array is rounded into one buffer kept for the next: on a 4-D mesh the distinct price
+    matrices are a gigabyte, and a fresh array per matrix cost more in page faults than
+    the rounding and the hashing together."""
+
+    def __init__(self) -> None:
+        self.memo: dict[Any, str] = {}
+        self._buffer = np.empty(0)
+
+    def of(self, a: np.ndarray) -> str:
+        found = self.memo.get(id(a))
+        if found is None:
+            found = self.memo[id(a)] = self._digest(a)
+        return found
+
+    def _digest(self, a: np.ndarray) -> str:
+        """The digest of ``a``'s rounded prices in C order and its shape."""
+        if self._buffer.size < a.size:
+            self._buffer = np.empty(a.size)
+        rounded = self._buffer[: a.size].reshape(a.shape)
+        np.round(np.asarray(a, dtype=np.float64), TIE_DECIMALS, out=rounded)
+        h = hashlib.blake2b(digest_size=12)
+        h.update(rounded.data)  # C-contiguous: its bytes as tobytes() gives them
+        h.update(str(a.shape).encode())
+        h.update(b"|")
+        return h.hexdigest()
 
 
-def _shared_digest(a: np.ndarray, memo: dict[Any, str]) -> str:
-    """The digest of an array, once per array object (twin nodes share their arrays)."""
-    found = memo.get(id(a))
-    if found is None:
-        found = memo[id(a)] = _digest(_array_key(a))
-    return found
-
-
-def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
+def edge_key(e: EdgeCost, prices: _Digests | None = None) -> str:
     """What an edge costs, independent of which nodes it joins.
 
     ``prices`` memoizes the digest of each price matrix by identity, and the whole key by
@@ -78,13 +95,13 @@ def edge_key(e: EdgeCost, prices: dict[Any, str] | None = None) -> str:
     object (the pricer caches it), so each distinct matrix is hashed once.
     """
     if prices is None:
-        prices = {}
+        prices = _Digests()
     # twin edges share their matrix and group arrays too: one digest for all of them
     whole = (id(e.cost), id(e.src_group), id(e.dst_group), e.slot, e.src_out)
-    key = prices.get(whole)
+    key = prices.memo.get(whole)
     if key is None:
-        price = _shared_digest(e.cost, prices)
-        key = prices[whole] = _digest(
+        price = prices.of(e.cost)
+        key = prices.memo[whole] = _digest(
             str(e.slot), str(e.src_out), price, e.src_group.tobytes(), e.dst_group.tobytes()
         )
     return key
@@ -101,14 +118,14 @@ def cluster(costs: CostTable, *, rounds: int = ROUNDS) -> Clustering:
     for e in costs.edges:
         in_edges[e.dst].append(e)
         out_edges[e.src].append(e)
-    prices: dict[Any, str] = {}  # valid while costs holds the arrays
+    prices = _Digests()  # valid while costs holds the arrays
     keys = {id(e): edge_key(e, prices) for e in costs.edges}
     label: dict[str, str] = {}
     for v, c in costs.compute.items():
         mem = costs.memory.get(v)
         label[v] = _digest(
-            _shared_digest(c, prices),
-            _shared_digest(mem, prices) if mem is not None else b"-",
+            prices.of(c),
+            prices.of(mem) if mem is not None else b"-",
             ",".join(sorted("i" + keys[id(e)] for e in in_edges[v])),
             ",".join(sorted("o" + keys[id(e)] for e in out_edges[v])),
         )

@@ -56,3 +56,28 @@ def test_tied_ilp_is_smaller_and_prices_its_choice_exactly():
     assert tied.objective_us >= free.objective_us - 1e-9
     for v, r in tie.items():
         assert tied.choice[v] == tied.choice[r]
+
+
+def test_price_digests_round_in_one_buffer_and_read_their_own_prices():
+    """An array's digest is the hash of its prices rounded to TIE_DECIMALS (in C order) and
+    its shape, whatever arrays were rounded in the shared buffer before it and whatever its
+    own layout: equal prices to that rounding digest alike, others not."""
+    from autoplan.ilp.reductions.tying import _digest, _Digests
+    from autoplan.ilp.tolerances import TIE_DECIMALS
+
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 10**9, (40, 30)) / 1e6  # prices on the rounding's grid
+    big[::3, ::4] = np.inf
+    small = big[:5, :6].copy()
+    digests = _Digests()
+    found = [digests._digest(a) for a in (big, small, big, np.asfortranarray(big), small.T)]
+    want = [
+        _digest(np.round(a, TIE_DECIMALS).tobytes() + str(a.shape).encode())
+        for a in (big, small, big, big, small.T)
+    ]
+    assert found == want
+    assert found[0] == found[2] == found[3] and found[1] != found[4]
+    nudged = big + 1e-9  # the same prices to six decimals, far from a rounding's edge
+    assert digests._digest(nudged) == found[0]
+    assert digests._digest(big + 1e-3) != found[0]
+    assert digests._digest(big.reshape(30, 40)) != found[0]  # the shape is hashed too
