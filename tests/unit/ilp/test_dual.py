@@ -21,6 +21,15 @@ from tests.helpers.brute_force import problem_plans
 from tests.helpers.ilp_problems import ilp_model, random_problem, routed_problem
 
 
+def _assert_same_ascent(got: Ascent, want: Ascent, p: Problem) -> None:
+    """Two ascents on ``p`` ended in the same bound, multiplier, sweeps and reduced costs,
+    to the last bit."""
+    a, b = got.result(), want.result()
+    assert a.bound == b.bound and a.lam == b.lam and a.sweeps == b.sweeps
+    for r in p.linear:
+        np.testing.assert_array_equal(a.reduced[r], b.reduced[r])
+
+
 def _plans(p: Problem) -> list[tuple[dict[str, int], float]]:
     """Every plan that keeps the budget and has a finite cost, with its cost."""
     return [(choice, cost) for choice, cost in problem_plans(p) if math.isfinite(cost)]
@@ -282,10 +291,7 @@ def test_edge_potentials_formed_a_few_rows_at_a_time_give_the_same_ascent(seed, 
         chunked += sum(s._step < s.edge.shape[1] for s, _ in parts._st.pairs)
         parts.raise_bound()
         monkeypatch.undo()
-        got, want = parts.result(), whole.result()
-        assert got.bound == want.bound and got.lam == want.lam and got.sweeps == want.sweeps
-        for r in p.linear:
-            np.testing.assert_array_equal(got.reduced[r], want.reduced[r])
+        _assert_same_ascent(parts, whole, p)
     assert chunked
 
 
@@ -438,10 +444,7 @@ def test_visits_on_worker_threads_give_the_same_ascent_to_the_last_bit(seed, mon
         threaded += sum(pooled._st._threaded.values())
         pooled.raise_bound()
         monkeypatch.undo()
-        got, want = pooled.result(), alone.result()
-        assert got.bound == want.bound and got.lam == want.lam and got.sweeps == want.sweeps
-        for r in p.linear:
-            np.testing.assert_array_equal(got.reduced[r], want.reduced[r])
+        _assert_same_ascent(pooled, alone, p)
         assert pooled._st._pool is None  # the threads end with the sweeps
     assert threaded
 
