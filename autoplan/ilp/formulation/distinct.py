@@ -11,8 +11,8 @@ them repeats. A dict of each row's bytes is a Python loop that holds the GIL whi
 pruning's other worker thread waits; a hash of the bits times fixed weights is one
 matrix product in numpy. Rows that hash alike are checked equal before they are merged,
 so a collision costs time, never a wrong merge. Columns are hashed in place (a weighted
-sum down each column), not as the rows of a transposed copy: on a 4-D mesh an edge's
-matrix is 100 MB, and the copy there and back cost five times the hashing.
+sum down each column), not as the rows of a transposed copy: on a 4-D mesh the copy
+there and back costs more than the hashing.
 """
 
 from __future__ import annotations

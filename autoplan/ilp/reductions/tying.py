@@ -60,9 +60,8 @@ def _digest(*parts: bytes | str) -> str:
 class _Digests:
     """Digests of arrays of prices rounded to :data:`TIE_DECIMALS`, once per array object
     (twin nodes and edges share their arrays), and of whole edge keys (``memo``). Each
-    array is rounded into one buffer kept for the next: on a 4-D mesh the distinct price
-    matrices are a gigabyte, and a fresh array per matrix cost more in page faults than
-    the rounding and the hashing together."""
+    array is rounded into one buffer kept for the next: on a 4-D mesh a fresh array per
+    matrix costs more in page faults than the rounding and the hashing together."""
 
     def __init__(self) -> None:
         self.memo: dict[Any, str] = {}
