@@ -138,7 +138,8 @@ class _Ascent:
         for e in p.edges:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
-            mat = e.cost[np.ix_(s.present, d.present)]
+            whole = len(s.present) == e.cost.shape[0] and len(d.present) == e.cost.shape[1]
+            mat = e.cost if whole else e.cost[np.ix_(s.present, d.present)]  # read, not written
             # rounded once the blocks are cut: a moded edge keeps a third of its prices
             prices = rounded_down(diagonal_blocks(mat, _block_count(p, e.src, e.dst)))
             finite = np.isfinite(prices)
