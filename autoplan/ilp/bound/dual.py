@@ -60,7 +60,7 @@ from autoplan.ilp.bound.dual_layout import (
     starts,
 )
 from autoplan.ilp.bound.dual_seed import seed_messages, warm_fits
-from autoplan.ilp.bound.memory_price import best_lam, budget_can_bind, find_root
+from autoplan.ilp.bound.memory_price import budget_can_bind, search_lam
 from autoplan.ilp.formulation.build import Warm
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT
 from autoplan.ilp.formulation.problem import Problem
@@ -242,7 +242,7 @@ class _Ascent:
             now = self.bound()
             if not math.isfinite(now) or now - last <= rise * max(1.0, abs(now)):
                 return n  # an infinite bound: some edge has no possible move
-            if self._past_deadline():
+            if self.past_deadline():
                 return n  # out of time: the bound so far is as valid
             # a sweep's rise shrinks as the sweeps settle: a bound this far below the
             # mark, rising this slowly, stays below it
@@ -263,7 +263,7 @@ class _Ascent:
             self.theta[cls] += c[end.local]
             end.take(c)
 
-    def _past_deadline(self) -> bool:
+    def past_deadline(self) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             self.out_of_time = True
         return self.out_of_time
@@ -329,7 +329,7 @@ class Ascent:
         self._not_kept.clear()
         self.sweeps += self._st.converge()
         if budget_can_bind(self._st.p) and not self.warmed and self._st.bound() < enough:
-            self.sweeps += _search_lam(self._st, enough)
+            self.sweeps += search_lam(self._st, enough)
             if lam is not None and self._st.bound() < enough:
                 self.refine(lam, ASCENT_CONVERGED_SEARCH)
 
@@ -371,37 +371,6 @@ def ascend(p: Problem) -> Dual:
     ascent = Ascent(p)
     ascent.raise_bound()
     return ascent.result()
-
-
-def _search_lam(st: _Ascent, enough: float = math.inf) -> int:
-    """Find λ where the bound, maximized over the messages, peaks (or one where it
-    reaches ``enough``); returns the sweeps.
-
-    With the messages converged at λ, the λ that is best for them
-    (:func:`~autoplan.ilp.bound.memory_price.best_lam`) lies on the side of the peak:
-    ``g(λ) = best - λ`` is positive below it and negative above it. Secant steps on g
-    find its root (Illinois rule once it is bracketed), each step's messages
-    warm-started from the last; the messages and λ with the highest bound are kept.
-    """
-    sweeps = 0
-    best = (st.bound(), st.snapshot())
-
-    def g(lam: float) -> float:
-        nonlocal sweeps, best
-        st.set_lam(lam)
-        sweeps += st.converge()
-        now = st.bound()
-        if now > best[0]:
-            best = (now, st.snapshot())
-        return best_lam(st.p, st.theta, st.lam) - lam
-
-    find_root(
-        g,
-        best_lam(st.p, st.theta, st.lam),
-        stop=lambda: best[0] >= enough or st._past_deadline(),
-    )
-    st.restore(best[1])
-    return sweeps
 
 
 def _finish(st: _Ascent, sweeps: int) -> Dual:

@@ -4,7 +4,7 @@ Input: a reduced :class:`~autoplan.ilp.formulation.problem.Problem` and its clas
 potentials at a multiplier λ (:mod:`autoplan.ilp.bound.dual`). Output: the λ >= 0 at
 which the dual bound, with every message held, is highest (:func:`best_lam`), and the
 steps of the search for the λ at which it is highest with the messages settled too
-(:func:`find_root`).
+(:func:`find_root`, run on an ascent's messages by :func:`search_lam`).
 
 Why its own module: it is the one step of the dual ascent that looks at the
 memory budget, and the only one whose work grows with the number of weight
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,7 +27,10 @@ from autoplan.ilp.formulation.matrix import MEMORY_UNIT
 from autoplan.ilp.formulation.problem import Problem
 from autoplan.ilp.tolerances import LAMBDA_BISECTED, LAMBDA_FOUND
 
-__all__ = ["Knapsack", "best_lam", "budget_can_bind", "find_root"]
+if TYPE_CHECKING:  # the ascent's state, which calls the search: typed, not imported
+    from autoplan.ilp.bound.dual import _Ascent
+
+__all__ = ["Knapsack", "best_lam", "budget_can_bind", "find_root", "search_lam"]
 
 # The search for λ doubles from this first guess (µs per MiB; or from the λ held, when
 # larger) until the budget holds, and stops past _LAMBDA_MAX: memory outweighs every
@@ -136,3 +140,34 @@ class Knapsack:
     def value(self, lam: float) -> float:
         """The part of the bound that depends on λ."""
         return float(self._lows(lam)[1].sum()) - lam * self.budget
+
+
+def search_lam(st: _Ascent, enough: float = math.inf) -> int:
+    """Find λ where the bound, maximized over the messages, peaks (or one where it
+    reaches ``enough``); returns the sweeps.
+
+    With the messages converged at λ, the λ that is best for them
+    (:func:`best_lam`) lies on the side of the peak:
+    ``g(λ) = best - λ`` is positive below it and negative above it. Secant steps on g
+    find its root (Illinois rule once it is bracketed), each step's messages
+    warm-started from the last; the messages and λ with the highest bound are kept.
+    """
+    sweeps = 0
+    best = (st.bound(), st.snapshot())
+
+    def g(lam: float) -> float:
+        nonlocal sweeps, best
+        st.set_lam(lam)
+        sweeps += st.converge()
+        now = st.bound()
+        if now > best[0]:
+            best = (now, st.snapshot())
+        return best_lam(st.p, st.theta, st.lam) - lam
+
+    find_root(
+        g,
+        best_lam(st.p, st.theta, st.lam),
+        stop=lambda: best[0] >= enough or st.past_deadline(),
+    )
+    st.restore(best[1])
+    return sweeps
