@@ -45,10 +45,11 @@ _THREADED = 256
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _width(p: Problem, r: str, edges: list[tuple[Edge, bool]]) -> int:
-    """How many features each of class r's strategies has (:func:`_features`)."""
-    memory = p.budget is not None and r in p.memory
-    return 1 + memory + sum(e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges)
+def _widths(p: Problem, r: str, edges: list[tuple[Edge, bool]]) -> list[int]:
+    """The columns of class r's features (:func:`_features`): its cost, its memory under a
+    budget, then each edge's prices."""
+    memory = [1] if p.budget is not None and r in p.memory else []
+    return [1, *memory] + [e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges]
 
 
 def _features(
@@ -59,20 +60,19 @@ def _features(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """One row per allowed strategy: every price and amount that must not be worse (in
-    ``out`` when given, ``len(idx)`` rows of :func:`_width`).
+    ``out`` when given, ``len(idx)`` rows as wide as :func:`_widths` sums).
 
     Written into one array block by block, each edge's prices gathered by rows: on a 4-D
     mesh a class's features are hundreds of megabytes, and gathering a destination's
     columns, then stacking, copies them twice through strided reads."""
-    memory = p.budget is not None and r in p.memory
-    widths = [e.cost.shape[1] if is_src else e.cost.shape[0] for e, is_src in edges]
+    widths = _widths(p, r, edges)
     if out is None:
-        out = np.empty((len(idx), _width(p, r, edges)))
+        out = np.empty((len(idx), sum(widths)))
     out[:, 0] = p.linear[r][idx]
-    if memory:
+    if len(widths) > len(edges) + 1:
         out[:, 1] = p.memory[r][idx]
-    at = 1 + memory
-    for (e, is_src), width in zip(edges, widths, strict=True):
+    at = len(widths) - len(edges)
+    for (e, is_src), width in zip(edges, widths[at:], strict=True):
         if is_src:
             out[:, at : at + width] = e.cost[e.src_group[idx]]
         else:
@@ -113,16 +113,24 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         return dominated(f)
     rows = [_rows_of(block, b) for b in blocks]
     finite_f = np.isfinite(f)
-    finite = [finite_f[r] for r in rows]
-    some = [fin.any(axis=0) for fin in finite]  # columns some row of a block has finite
-    every = [fin.all(axis=0) for fin in finite]  # columns every row of a block has finite
-    for lower, upper in itertools.permutations(range(len(rows)), 2):
-        if not (every[upper] & ~some[lower]).any():
-            return dominated(f)
+    if not _kept_apart([finite_f[r] for r in rows]):
+        return dominated(f)
     out = np.zeros(len(f), dtype=bool)
     for r in rows:
         out[r] = dominated(f[r])
     return out
+
+
+def _kept_apart(finite: list[np.ndarray]) -> bool:
+    """Whether no row of one block can be <= a row of another, from each block's finite
+    prices: for every ordered pair, a column finite in every row of the second and in no
+    row of the first."""
+    some = [fin.any(axis=0) for fin in finite]
+    every = [fin.all(axis=0) for fin in finite]
+    return all(
+        (every[upper] & ~some[lower]).any()
+        for lower, upper in itertools.permutations(range(len(finite)), 2)
+    )
 
 
 def _rows_of(block: np.ndarray, b: int) -> np.ndarray | slice:
@@ -216,19 +224,16 @@ def _apart(
     if len(rows) < 2:
         return None
     sizes = [len(idx[rw]) for rw in rows]
-    buf = np.empty((max(sizes), _width(p, r, edges)))
+    buf = np.empty((max(sizes), sum(_widths(p, r, edges))))
     out = np.zeros(len(idx), dtype=bool)
-    some, every = [], []
+    finite = []  # per block, per column: finite in some row, in every row (two rows that
+    # _kept_apart reads as it reads the block's own: any of them, all of them)
     for rw, size in zip(rows, sizes, strict=True):
         f = _features(p, r, idx[rw], edges, out=buf[:size])
-        finite = np.isfinite(f)
-        some.append(finite.any(axis=0))
-        every.append(finite.all(axis=0))
+        fin = np.isfinite(f)
+        finite.append(np.stack([fin.any(axis=0), fin.all(axis=0)]))
         out[rw] = dominated(f)
-    for lower, upper in itertools.permutations(range(len(rows)), 2):
-        if not (every[upper] & ~some[lower]).any():
-            return None
-    return out
+    return out if _kept_apart(finite) else None
 
 
 def _prune_round(p: Problem, seen: dict[str, np.ndarray] | None) -> int:
