@@ -99,10 +99,13 @@ def node_limit(max_nodes: int | None, columns: int, work: int | None = None) -> 
     (None: no limit) and, when ``work`` is given, of ``work`` column-nodes (its columns
     times its nodes), never under :data:`_MIN_NODES`: a node re-solves an LP over every
     column, so a fixed count of nodes is minutes on a MIP of 100 k columns. A count, the
-    same on any machine. A MIP whose floor is past the work is not run at all (``_mip``)."""
+    same on any machine. 0: not run at all, as even its floor of nodes is past the work
+    (the root of a MIP that size, a million columns, can take longer than any node limit
+    would allow)."""
     if max_nodes is None or work is None:
         return max_nodes
-    return min(max_nodes, max(_MIN_NODES, work // max(columns, 1)))
+    nodes = min(max_nodes, max(_MIN_NODES, work // max(columns, 1)))
+    return 0 if columns * nodes > work else nodes
 
 
 def _polish(
@@ -192,9 +195,7 @@ def _mip(
     # cannot beat it, and "infeasible" then proves that no plan does.
     cutoff = below if math.isfinite(below) and below < pre.upper else None
     nodes = node_limit(max_nodes, sub.num_cols, node_work)
-    if node_work is not None and nodes is not None and sub.num_cols * nodes > node_work:
-        # Not run: even its floor of nodes is past the work, and the root of a MIP that
-        # size (a million columns) can take longer than any node limit would allow.
+    if nodes == 0:  # not run: past its work even at the floor of nodes
         stats.setdefault("node_limit", 0.0)  # a MIP cut at its nodes elsewhere says so
         stats["skipped_columns"] = max(stats.get("skipped_columns", 0.0), float(sub.num_cols))
         return Outcome(None, math.inf, pre.bound, "node_limit", pre.out_of_time)

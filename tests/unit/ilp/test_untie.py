@@ -95,16 +95,19 @@ def test_a_cut_tied_proof_keeps_the_untied_plan_with_status_node_limit(monkeypat
 
 
 def test_node_limits_shrink_with_the_mip_and_keep_a_floor():
-    """A node limit holds for a small MIP; a large one gets fewer nodes, never under the floor."""
+    """A node limit holds for a small MIP; a large one gets fewer nodes, never under the
+    floor, and one past its work at the floor is not run (0)."""
     assert node_limit(None, 10**6, PROOF_WORK) is None
     assert node_limit(PROOF_NODES, 10**9) == PROOF_NODES  # no work given: the count alone
     assert node_limit(PROOF_NODES, 100, PROOF_WORK) == PROOF_NODES
     large = node_limit(PROOF_NODES, 100_000, PROOF_WORK)
     assert large is not None and large < PROOF_NODES
     assert large == node_limit(PROOF_NODES, 100_000, PROOF_WORK)  # no clock, no state
-    floor = node_limit(PROOF_NODES, 10**9, PROOF_WORK)
-    assert floor is not None and 0 < floor <= large
-    assert node_limit(3, 10**9, PROOF_WORK) == 3  # a limit below the floor stays as given
+    at_floor = PROOF_WORK // solve_module._MIN_NODES
+    assert node_limit(PROOF_NODES, at_floor, PROOF_WORK) == solve_module._MIN_NODES
+    assert node_limit(PROOF_NODES, at_floor + 1, PROOF_WORK) == 0  # past it at the floor
+    assert node_limit(3, at_floor, PROOF_WORK) == 3  # a limit below the floor stays as given
+    assert node_limit(3, 10**9, PROOF_WORK) == 0
 
 
 def test_a_cut_proof_names_the_limit_its_size_got(monkeypatch):
