@@ -139,12 +139,12 @@ def routed_problem(seed: int) -> Problem:
                 v,
                 np.arange(len(linear[u])),
                 np.arange(len(linear[v])),
-                dist[np.ix_(row_state, col_state)] * scale,
+                dist[np.ix_(row_state, col_state)],
                 f"{u} -> {v}",
                 net=net,
                 row_state=row_state,
                 col_state=col_state,
-                net_scale=scale,
+                scale=scale,
             )  # fmt: skip
         )
     budget = float(sum(m.max() for m in memory.values()) * 0.7)

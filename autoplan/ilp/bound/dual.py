@@ -141,7 +141,8 @@ class _Ascent:
             whole = len(s.present) == e.cost.shape[0] and len(d.present) == e.cost.shape[1]
             mat = e.cost if whole else e.cost[np.ix_(s.present, d.present)]  # read, not written
             # rounded once the blocks are cut: a moded edge keeps a third of its prices
-            prices = rounded_down(diagonal_blocks(mat, _block_count(p, e.src, e.dst)))
+            blocks = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
+            prices = rounded_down(blocks * e.scale if e.scale != 1.0 else blocks)
             finite = np.isfinite(prices)
             s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)
             d.attach(prices, s, e.cost.shape[1], pos[e.src], finite)

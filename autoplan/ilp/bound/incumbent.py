@@ -48,7 +48,8 @@ def priced(
     ``linear`` and edges) or of nodes (a cost table's ``compute`` and edges)."""
     total = sum(float(linear[r][i]) for r, i in choice.items())
     for e in edges:
-        total += float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
+        price = float(e.cost[e.src_group[choice[e.src]], e.dst_group[choice[e.dst]]])
+        total += price * e.scale if isinstance(e, Edge) else price
     return total
 
 
@@ -62,10 +63,10 @@ def _options(p: Problem, r: str, choice: dict[str, int], edges: list[tuple[Edge,
     total = p.linear[r].copy()
     for e, is_src in edges:
         if is_src:
-            col = e.cost[:, e.dst_group[choice[e.dst]]]
+            col = e.prices((slice(None), e.dst_group[choice[e.dst]]))
             total += np.where(e.src_group >= 0, col[np.maximum(e.src_group, 0)], np.inf)
         else:
-            row = e.cost[e.src_group[choice[e.src]]]
+            row = e.prices(e.src_group[choice[e.src]])
             total += np.where(e.dst_group >= 0, row[np.maximum(e.dst_group, 0)], np.inf)
     return total
 

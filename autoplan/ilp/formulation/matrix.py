@@ -217,8 +217,8 @@ def emit(p: Problem) -> Emitted:
         if e.net is not None and len(e.net.arc_src) < finite.sum():
             assert e.row_state is not None and e.col_state is not None, "a routed edge has states"
             net = _flow_network(e, networks)
-            flow = Flow(num_cols, net, e.row_state, e.col_state, e.net_scale)
-            costs.append(net.arc_cost * e.net_scale)
+            flow = Flow(num_cols, net, e.row_state, e.col_state, e.scale)
+            costs.append(net.arc_cost * e.scale)
             num_cols += len(net.arc_cost)
             _flow_rows(e, flow, class_cols, fixed, rows)
             edge_cols.append(flow)
@@ -226,7 +226,7 @@ def emit(p: Problem) -> Emitted:
         g, h = np.nonzero(finite)
         ecols = np.full(e.cost.shape, -1, dtype=np.int64)
         ecols[g, h] = num_cols + np.arange(len(g))
-        costs.append(e.cost[g, h])
+        costs.append(e.prices((g, h)))
         num_cols += len(g)
         edge_cols.append(ecols)
         num_r, num_c = e.cost.shape

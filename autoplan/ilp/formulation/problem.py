@@ -13,9 +13,9 @@ A *class* is a set of tied nodes (one node when untied): its strategies
 share one set of variables. ``linear[r][i]`` is class r's cost under
 strategy i (the compute of all its members plus edge costs folded into it);
 ``inf`` marks a strategy that cannot be chosen. ``memory[r][i]`` is the
-bytes of its parameters. A class :class:`Edge` carries the price matrix of
-the tied edges it stands for, times their number, over the placement groups
-its two ends can still choose.
+bytes of its parameters. A class :class:`Edge` carries the price matrix the
+tied edges it stands for share, and their number as its scale (its prices are
+the two multiplied), over the placement groups its two ends can still choose.
 
 Simplifications (each keeps every optimum):
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,8 @@ class InfeasibleError(ValueError):
 
 @dataclass
 class Edge:
-    """A class edge: ``cost[src_group[i], dst_group[j]]`` when src picks i and dst picks j.
+    """A class edge: ``cost[src_group[i], dst_group[j]] * scale`` when src picks i and dst
+    picks j (:meth:`prices`).
 
     ``name`` is the first graph edge it stands for, for messages; ``sources`` the
     positions in the cost table's ``edges`` of all of them (a dual ascent on another
@@ -68,15 +70,22 @@ class Edge:
     cost: np.ndarray
     name: str
     compact: bool = False
-    # A route-priced edge (cost.routes): cost[g, h] = net_scale times the network's
-    # distance from row_state[g] to col_state[h], so the matrix can lay it out as a flow
-    # over the network's moves. The network stays the one its twin edges share, unscaled:
-    # a copy per scale would cost the distance matrix again.
+    # A route-priced edge (cost.routes): cost[g, h] is the network's distance from
+    # row_state[g] to col_state[h], so the matrix can lay it out as a flow over the
+    # network's moves.
     net: Routes | None = None
     row_state: np.ndarray | None = None
     col_state: np.ndarray | None = None
-    net_scale: float = 1.0
+    # The tied edges a class edge stands for share one matrix (and network): it keeps
+    # theirs and their number, as a scaled copy per class would cost the matrices again.
+    scale: float = 1.0
     sources: tuple[int, ...] = ()
+
+    def prices(self, index: Any = ...) -> np.ndarray:
+        """``cost[index]`` times ``scale``: the class's own prices (a new array, or a
+        view of ``cost`` not to be written when the scale is 1)."""
+        part = self.cost[index]
+        return part * self.scale if self.scale != 1.0 else part
 
 
 @dataclass
@@ -143,9 +152,8 @@ def build_problem(
     for (src, dst, _), js in grouped.items():
         es = [costs.edges[j] for j in js]
         e = es[0]
-        cost = e.cost * len(es) if len(es) > 1 else e.cost
         if src == dst:  # both ends take the same strategy: a linear cost
-            linear[src] = linear[src] + cost[e.src_group, e.dst_group]
+            linear[src] = linear[src] + e.cost[e.src_group, e.dst_group] * len(es)
             continue
         edges.append(
             Edge(
@@ -153,12 +161,12 @@ def build_problem(
                 dst,
                 e.src_group,
                 e.dst_group,
-                cost,
+                e.cost,
                 f"{e.src} -> {e.dst}",
                 net=e.net,
                 row_state=e.row_state,
                 col_state=e.col_state,
-                net_scale=float(len(es)),
+                scale=float(len(es)),
                 sources=tuple(js),
             )  # fmt: skip
         )
@@ -225,14 +233,15 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
 
 def _fold(p: Problem, e: Edge) -> bool:
     """Fold a one-row, one-column, additive or zero edge into linear costs; True if done."""
-    c = e.cost
-    if not np.isfinite(c).all():
+    if not np.isfinite(e.cost).all():
         return False
-    if c.shape[0] > 1 and c.shape[1] > 1:
+    if e.cost.shape[0] > 1 and e.cost.shape[1] > 1:
+        c = e.prices()
         a, b = c[:, :1], c[:1, :] - c[0, 0]
         if not np.allclose(c, a + b, rtol=ADDITIVE_RTOL, atol=0.0):
             return False
-    a, b = c[:, 0], c[0, :] - c[0, 0]
+    first_col, first_row = e.prices((slice(None), 0)), e.prices(0)
+    a, b = first_col, first_row - first_row[0]
     ok_s, ok_d = e.src_group >= 0, e.dst_group >= 0
     p.linear[e.src] = p.linear[e.src] + np.where(ok_s, a[np.maximum(e.src_group, 0)], 0.0)
     p.linear[e.dst] = p.linear[e.dst] + np.where(ok_d, b[np.maximum(e.dst_group, 0)], 0.0)
@@ -261,10 +270,10 @@ def _fold_lone_end(p: Problem, e: Edge) -> bool:
     """
     ok_s, ok_d = p.allowed(e.src), p.allowed(e.dst)
     if ok_s.sum() == 1:
-        prices = e.cost[e.src_group[np.argmax(ok_s)]]
+        prices = e.prices(e.src_group[np.argmax(ok_s)])
         group, other, ok = e.dst_group, e.dst, ok_d
     elif ok_d.sum() == 1:
-        prices = e.cost[:, e.dst_group[np.argmax(ok_d)]]
+        prices = e.prices((slice(None), e.dst_group[np.argmax(ok_d)]))
         group, other, ok = e.src_group, e.src, ok_s
     else:
         return False

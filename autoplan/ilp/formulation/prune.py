@@ -74,12 +74,13 @@ def _features(
     at = len(widths) - len(edges)
     for (e, is_src), width in zip(edges, widths[at:], strict=True):
         if is_src:
-            out[:, at : at + width] = e.cost[e.src_group[idx]]
+            part = e.cost[e.src_group[idx]]
         else:
             # a destination's column per strategy: rows of the transpose, made contiguous
             # once when the strategies are at least as many as the columns
             by_row = np.ascontiguousarray(e.cost.T) if len(idx) >= e.cost.shape[1] else e.cost.T
-            out[:, at : at + width] = by_row[e.dst_group[idx]]
+            part = by_row[e.dst_group[idx]]
+        np.multiply(part, e.scale, out=out[:, at : at + width])  # the class's prices
         at += width
     return out
 

@@ -33,7 +33,7 @@ def _dense(p: Problem, k: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     cols = np.unique(e.dst_group[p.allowed(e.dst) & (e.dst_group >= 0)])
     out = np.full(e.cost.shape, math.inf)
     at = np.ix_(rows, cols)
-    out[at] = rounded_down(e.cost[at]) - a[rows][:, None] - b[cols][None, :]
+    out[at] = rounded_down(e.prices(at)) - a[rows][:, None] - b[cols][None, :]
     return out
 
 
