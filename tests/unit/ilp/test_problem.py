@@ -54,7 +54,9 @@ def _copied(p: Problem) -> Problem:
 def test_tied_edges_share_the_tables_matrix_and_price_as_scaled_copies(seed):
     """A class edge standing for several tied edges keeps their matrix (no copy) and
     their number as its scale; simplifying, pruning, the solver's arrays, the dual
-    ascent and a plan's price then equal those of scaled copies, to the bit."""
+    ascent and a plan's price then equal those of scaled copies, to the bit (the
+    compaction, which reads the shared matrix, merges no row here that only the
+    rounding of a scaled copy makes equal)."""
     costs = _twin_layers(seed)
     p = build_problem(costs, tie=tie_layers(costs), memory_budget_bytes=budget_between(costs, 0.4))
     table = {id(e.cost) for e in costs.edges}
