@@ -199,21 +199,32 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
     return True
 
 
-def _dedupe(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct rows of ``a`` in first-seen order (``a`` itself when all are), each row's
-    index among them, and where each distinct row is first seen."""
-    firsts, of = distinct_rows(a)
-    return (a if len(firsts) == len(a) else a[firsts]), of, firsts
+class _Scaled:
+    """A class edge's prices (its matrix times its scale) in one buffer that grows to the
+    largest edge, for one :func:`simplify`: a fresh array per edge costs more in page
+    faults than the multiplication."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0)
+
+    def of(self, a: np.ndarray, scale: float) -> np.ndarray:
+        if self._buf.size < a.size:
+            self._buf = np.empty(a.size)
+        return np.multiply(a, scale, out=self._buf[: a.size].reshape(a.shape))
 
 
-def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
-    """Keep the used rows and columns, merging identical ones; regroup the strategies."""
+def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scaled: _Scaled) -> None:
+    """Keep the used rows and columns, merging those of identical prices (the scaled
+    ones: a copy scaled per class would merge rows only its rounding made equal, and so
+    does this); regroup the strategies."""
     rows = _used(e.src_group, ok_src, e.cost.shape[0])
     cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
     if e.compact and rows.all() and cols.all():
         return  # nothing dropped since the last compaction
     sub = e.cost if rows.all() and cols.all() else e.cost[np.ix_(rows, cols)]
-    uniq_rows, row_of, row_first = _dedupe(sub)
+    prices = sub if e.scale == 1.0 else scaled.of(sub, e.scale)
+    row_first, row_of = distinct_rows(prices)
+    uniq_rows = prices if len(row_first) == len(prices) else prices[row_first]
     col_first, col_of = distinct_cols(uniq_rows)
     if e.row_state is not None and e.col_state is not None:
         # a merged row keeps its first member's state: equal rows are equal distances
@@ -225,9 +236,12 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray) -> None:
     col_map[cols] = col_of
     e.src_group = np.where(ok_src, row_map[e.src_group], -1)
     e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
-    e.cost = np.ascontiguousarray(
-        uniq_rows if len(col_first) == uniq_rows.shape[1] else uniq_rows[:, col_first]
-    )
+    merged = len(row_first) < sub.shape[0] or len(col_first) < sub.shape[1]
+    if e.scale == 1.0:
+        kept = uniq_rows if len(col_first) == uniq_rows.shape[1] else uniq_rows[:, col_first]
+    else:  # the matrix stays unscaled: a merged row keeps its first member's
+        kept = sub[np.ix_(row_first, col_first)] if merged else sub
+    e.cost = np.ascontiguousarray(kept)
     e.compact = True
 
 
@@ -289,10 +303,11 @@ def simplify(p: Problem) -> None:
         for e in p.edges:
             changed |= _restrict(p, e)
     kept = []
+    scaled = _Scaled()
     for e in p.edges:
         if _fold_lone_end(p, e):
             continue
-        _compact(e, p.allowed(e.src), p.allowed(e.dst))
+        _compact(e, p.allowed(e.src), p.allowed(e.dst), scaled)
         if not _fold(p, e):
             kept.append(e)
     p.edges = kept

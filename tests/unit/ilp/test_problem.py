@@ -79,3 +79,28 @@ def test_tied_edges_share_the_tables_matrix_and_price_as_scaled_copies(seed):
     assert ascend(p).bound == ascend(q).bound
     choice = {r: int(np.argmin(c)) for r, c in p.linear.items()}
     assert cost_of(p, choice) == cost_of(q, choice)
+
+
+def test_rows_equal_only_once_scaled_are_merged_as_a_scaled_copy_merges_them():
+    """Two rows one float apart whose prices times 3 round to the same are one row of a
+    class edge standing for three tied edges, as they are in a copy scaled by 3; its
+    matrix stays unscaled, the first row's."""
+    x = 6.732655185893089
+    near = float(np.nextafter(x, np.inf))
+    assert near != x and near * 3.0 == x * 3.0
+    shared = np.array([[x, 1.0, 5.0], [near, 1.0, 5.0], [2.0, 7.0, 0.5]])
+    compute = {f"{v}{k}": np.array([1.0, 2.0, 3.0]) for v in "ab" for k in range(3)}
+    edges = tuple(
+        EdgeCost(f"a{k}", 0, f"b{k}", 0, np.arange(3), np.arange(3), shared) for k in range(3)
+    )
+    costs = CostTable(compute=compute, edges=edges, memory={})
+    p = build_problem(costs, tie={v: v[0] + "0" for v in compute})
+    q = _copied(p)
+    for x_ in (p, q):
+        simplify(x_)
+    (e,), (f,) = p.edges, q.edges
+    assert e.scale == 3.0 and e.cost.shape == (2, 3) == f.cost.shape
+    np.testing.assert_array_equal(e.src_group, [0, 0, 1])
+    np.testing.assert_array_equal(e.src_group, f.src_group)
+    np.testing.assert_array_equal(e.prices(), f.prices())
+    np.testing.assert_array_equal(e.cost[0], shared[0])
