@@ -214,9 +214,9 @@ class _Scaled:
 
 
 def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scaled: _Scaled) -> None:
-    """Keep the used rows and columns, merging those of identical prices (the scaled
-    ones: a copy scaled per class would merge rows only its rounding made equal, and so
-    does this); regroup the strategies."""
+    """Keep the used rows and columns, merging identical ones; regroup the strategies.
+    Rows are compared by the class's prices (times the scale, whose rounding can make
+    two rows equal), the matrix kept unscaled."""
     rows = _used(e.src_group, ok_src, e.cost.shape[0])
     cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
     if e.compact and rows.all() and cols.all():
