@@ -14,7 +14,8 @@ Run order, one sub-package each:
 * 5e :mod:`~autoplan.ilp.solver`: the MIP, and :func:`~autoplan.ilp.solver.stage.solve_ilp`,
   which runs 5c to 5e.
 
-:mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share, and
+:mod:`~autoplan.ilp.tolerances` holds the numeric tolerances they share,
+:mod:`~autoplan.ilp.scratch` the buffer their passes over many matrices reuse, and
 :mod:`~autoplan.ilp.backends` the solvers (CBC, HiGHS) that the bound's LP and the MIP
 both run, with :mod:`~autoplan.ilp.owned_process` owning CBC's child process.
 

@@ -56,6 +56,7 @@ from autoplan.ilp.bound.dual_layout import (
     Visit,
     diagonal_blocks,
     flat,
+    mode_blocks,
     rounded_down,
     starts,
 )
@@ -106,14 +107,6 @@ class Dual:
     margin: list[tuple[np.ndarray, np.ndarray]]
 
 
-def _block_count(p: Problem, src: str, dst: str) -> int:
-    """How many diagonal blocks an edge between classes src and dst may split into: the
-    mode blocks both share (:attr:`Problem.blocks`), else 1."""
-    if src not in p.blocks or dst not in p.blocks:
-        return 1
-    return min(len(p.linear[src]) // p.blocks[src][1], len(p.linear[dst]) // p.blocks[dst][1])
-
-
 class _Ascent:
     """The dual's state: class potentials θ, compact edge potentials φ and the messages."""
 
@@ -141,8 +134,8 @@ class _Ascent:
             whole = len(s.present) == e.cost.shape[0] and len(d.present) == e.cost.shape[1]
             mat = e.cost if whole else e.cost[np.ix_(s.present, d.present)]  # read, not written
             # rounded once the blocks are cut: a moded edge keeps a third of its prices
-            blocks = diagonal_blocks(mat, _block_count(p, e.src, e.dst))
-            prices = rounded_down(blocks * e.scale if e.scale != 1.0 else blocks)
+            blocks = diagonal_blocks(mat, mode_blocks(p, e.src, e.dst))
+            prices = rounded_down(e.scaled(blocks))
             finite = np.isfinite(prices)
             s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)
             d.attach(prices, s, e.cost.shape[1], pos[e.src], finite)

@@ -20,6 +20,8 @@ import itertools
 
 import numpy as np
 
+from autoplan.ilp.formulation.problem import Problem
+
 # Prices read per numpy call when an edge's minima are taken (whole rows, at least one):
 # the prices less a message are formed in a buffer this size, which stays in cache.
 _CHUNK = 1 << 16
@@ -221,6 +223,14 @@ def rounded_down(prices: np.ndarray) -> np.ndarray:
     up = low > prices
     low[up] = np.nextafter(low[up], np.float32(-np.inf))
     return low
+
+
+def mode_blocks(p: Problem, src: str, dst: str) -> int:
+    """How many diagonal blocks an edge between classes src and dst may split into: the
+    mode blocks both share (:attr:`Problem.blocks`), else 1."""
+    if src not in p.blocks or dst not in p.blocks:
+        return 1
+    return min(len(p.linear[src]) // p.blocks[src][1], len(p.linear[dst]) // p.blocks[dst][1])
 
 
 def diagonal_blocks(mat: np.ndarray, count: int) -> np.ndarray:

@@ -44,6 +44,7 @@ from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
 from autoplan.ilp.formulation.distinct import distinct_cols, distinct_rows
 from autoplan.ilp.reductions.tying import edge_key
+from autoplan.ilp.scratch import Scratch
 from autoplan.ilp.tolerances import ADDITIVE_RTOL
 
 
@@ -82,9 +83,12 @@ class Edge:
     sources: tuple[int, ...] = ()
 
     def prices(self, index: Any = ...) -> np.ndarray:
-        """``cost[index]`` times ``scale``: the class's own prices (a new array, or a
-        view of ``cost`` not to be written when the scale is 1)."""
-        part = self.cost[index]
+        """``cost[index]`` times ``scale``: the class's own prices (:meth:`scaled`)."""
+        return self.scaled(self.cost[index])
+
+    def scaled(self, part: np.ndarray) -> np.ndarray:
+        """``part``, read from ``cost``, times ``scale``: a new array, or ``part`` itself
+        (not to be written) when the scale is 1."""
         return part * self.scale if self.scale != 1.0 else part
 
 
@@ -199,21 +203,7 @@ def _forbid(p: Problem, r: str, bad: np.ndarray, why: str) -> bool:
     return True
 
 
-class _Scaled:
-    """A class edge's prices (its matrix times its scale) in one buffer that grows to the
-    largest edge, for one :func:`simplify`: a fresh array per edge costs more in page
-    faults than the multiplication."""
-
-    def __init__(self) -> None:
-        self._buf = np.empty(0)
-
-    def of(self, a: np.ndarray, scale: float) -> np.ndarray:
-        if self._buf.size < a.size:
-            self._buf = np.empty(a.size)
-        return np.multiply(a, scale, out=self._buf[: a.size].reshape(a.shape))
-
-
-def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scaled: _Scaled) -> None:
+def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scratch: Scratch) -> None:
     """Keep the used rows and columns, merging identical ones; regroup the strategies.
     Rows are compared by the class's prices (times the scale, whose rounding can make
     two rows equal), the matrix kept unscaled."""
@@ -222,7 +212,7 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scaled: _Scaled) -
     if e.compact and rows.all() and cols.all():
         return  # nothing dropped since the last compaction
     sub = e.cost if rows.all() and cols.all() else e.cost[np.ix_(rows, cols)]
-    prices = sub if e.scale == 1.0 else scaled.of(sub, e.scale)
+    prices = sub if e.scale == 1.0 else np.multiply(sub, e.scale, out=scratch.like(sub.shape))
     row_first, row_of = distinct_rows(prices)
     uniq_rows = prices if len(row_first) == len(prices) else prices[row_first]
     col_first, col_of = distinct_cols(uniq_rows)
@@ -236,12 +226,9 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scaled: _Scaled) -
     col_map[cols] = col_of
     e.src_group = np.where(ok_src, row_map[e.src_group], -1)
     e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
-    merged = len(row_first) < sub.shape[0] or len(col_first) < sub.shape[1]
-    if e.scale == 1.0:
-        kept = uniq_rows if len(col_first) == uniq_rows.shape[1] else uniq_rows[:, col_first]
-    else:  # the matrix stays unscaled: a merged row keeps its first member's
-        kept = sub[np.ix_(row_first, col_first)] if merged else sub
-    e.cost = np.ascontiguousarray(kept)
+    # the matrix stays unscaled: a merged row keeps its first member's
+    kept = uniq_rows if e.scale == 1.0 else sub if len(row_first) == len(sub) else sub[row_first]
+    e.cost = np.ascontiguousarray(kept if len(col_first) == kept.shape[1] else kept[:, col_first])
     e.compact = True
 
 
@@ -254,8 +241,8 @@ def _fold(p: Problem, e: Edge) -> bool:
         a, b = c[:, :1], c[:1, :] - c[0, 0]
         if not np.allclose(c, a + b, rtol=ADDITIVE_RTOL, atol=0.0):
             return False
-    first_col, first_row = e.prices((slice(None), 0)), e.prices(0)
-    a, b = first_col, first_row - first_row[0]
+    a, first_row = e.prices((slice(None), 0)), e.prices(0)
+    b = first_row - first_row[0]
     ok_s, ok_d = e.src_group >= 0, e.dst_group >= 0
     p.linear[e.src] = p.linear[e.src] + np.where(ok_s, a[np.maximum(e.src_group, 0)], 0.0)
     p.linear[e.dst] = p.linear[e.dst] + np.where(ok_d, b[np.maximum(e.dst_group, 0)], 0.0)
@@ -303,11 +290,11 @@ def simplify(p: Problem) -> None:
         for e in p.edges:
             changed |= _restrict(p, e)
     kept = []
-    scaled = _Scaled()
+    scratch = Scratch()
     for e in p.edges:
         if _fold_lone_end(p, e):
             continue
-        _compact(e, p.allowed(e.src), p.allowed(e.dst), scaled)
+        _compact(e, p.allowed(e.src), p.allowed(e.dst), scratch)
         if not _fold(p, e):
             kept.append(e)
     p.edges = kept

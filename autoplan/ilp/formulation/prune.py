@@ -114,7 +114,7 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
         return dominated(f)
     rows = [_rows_of(block, b) for b in blocks]
     finite_f = np.isfinite(f)
-    if not _kept_apart([finite_f[r] for r in rows]):
+    if not _kept_apart([_finite_spans(finite_f[r]) for r in rows]):
         return dominated(f)
     out = np.zeros(len(f), dtype=bool)
     for r in rows:
@@ -122,15 +122,18 @@ def dominated_in_blocks(f: np.ndarray, block: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _kept_apart(finite: list[np.ndarray]) -> bool:
-    """Whether no row of one block can be <= a row of another, from each block's finite
-    prices: for every ordered pair, a column finite in every row of the second and in no
-    row of the first."""
-    some = [fin.any(axis=0) for fin in finite]
-    every = [fin.all(axis=0) for fin in finite]
+def _finite_spans(finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of a block's finiteness: finite in some row, finite in every row."""
+    return np.asarray(finite.any(axis=0)), np.asarray(finite.all(axis=0))
+
+
+def _kept_apart(spans: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether no row of one block can be <= a row of another, from each block's
+    :func:`_finite_spans`: for every ordered pair, a column finite in every row of the
+    second and in no row of the first."""
     return all(
-        (every[upper] & ~some[lower]).any()
-        for lower, upper in itertools.permutations(range(len(finite)), 2)
+        (spans[upper][1] & ~spans[lower][0]).any()
+        for lower, upper in itertools.permutations(range(len(spans)), 2)
     )
 
 
@@ -227,14 +230,12 @@ def _apart(
     sizes = [len(idx[rw]) for rw in rows]
     buf = np.empty((max(sizes), sum(_widths(p, r, edges))))
     out = np.zeros(len(idx), dtype=bool)
-    finite = []  # per block, per column: finite in some row, in every row (two rows that
-    # _kept_apart reads as it reads the block's own: any of them, all of them)
+    spans = []
     for rw, size in zip(rows, sizes, strict=True):
         f = _features(p, r, idx[rw], edges, out=buf[:size])
-        fin = np.isfinite(f)
-        finite.append(np.stack([fin.any(axis=0), fin.all(axis=0)]))
+        spans.append(_finite_spans(np.isfinite(f)))
         out[rw] = dominated(f)
-    return out if _kept_apart(finite) else None
+    return out if _kept_apart(spans) else None
 
 
 def _prune_round(p: Problem, seen: dict[str, np.ndarray] | None) -> int:

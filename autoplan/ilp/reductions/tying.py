@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost.price import CostTable, EdgeCost
+from autoplan.ilp.scratch import Scratch
 from autoplan.ilp.tolerances import TIE_DECIMALS
 
 
@@ -60,12 +61,11 @@ def _digest(*parts: bytes | str) -> str:
 class _Digests:
     """Digests of arrays of prices rounded to :data:`TIE_DECIMALS`, once per array object
     (twin nodes and edges share their arrays), and of whole edge keys (``memo``). Each
-    array is rounded into one buffer kept for the next: on a 4-D mesh a fresh array per
-    matrix costs more in page faults than the rounding and the hashing together."""
+    array is rounded into one reused buffer (:class:`~autoplan.ilp.scratch.Scratch`)."""
 
     def __init__(self) -> None:
         self.memo: dict[Any, str] = {}
-        self._buffer = np.empty(0)
+        self._scratch = Scratch()
 
     def of(self, a: np.ndarray) -> str:
         found = self.memo.get(id(a))
@@ -75,9 +75,7 @@ class _Digests:
 
     def _digest(self, a: np.ndarray) -> str:
         """The digest of ``a``'s rounded prices in C order and its shape."""
-        if self._buffer.size < a.size:
-            self._buffer = np.empty(a.size)
-        rounded = self._buffer[: a.size].reshape(a.shape)
+        rounded = self._scratch.like(a.shape)
         np.round(np.asarray(a, dtype=np.float64), TIE_DECIMALS, out=rounded)
         h = hashlib.blake2b(digest_size=12)
         h.update(rounded.data)  # C-contiguous: its bytes as tobytes() gives them
