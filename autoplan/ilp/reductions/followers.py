@@ -138,7 +138,10 @@ def collapse_followers(
     for e in costs.edges:
         in_edges.setdefault(e.dst, []).append(e)
         out_edges.setdefault(e.src, []).append(e)
-    compute = {v: c.copy() for v, c in costs.compute.items()}
+    # arrays are replaced, never written: the cost table's stay shared between twin
+    # nodes, and so do the sums and maps made from them (``made``)
+    made = _Made()
+    compute = dict(costs.compute)
     memory = dict(costs.memory)
     # root[v] = (root name, map root strategy -> v strategy)
     roots: dict[str, tuple[str, np.ndarray]] = {}
@@ -146,7 +149,7 @@ def collapse_followers(
     def resolve(u: str) -> tuple[str, np.ndarray]:
         if u in roots:
             return roots[u]
-        return u, np.arange(len(costs.compute[u]))
+        return u, made.identity(len(costs.compute[u]))
 
     followed: dict[str, EdgeCost] = {}
     memo: dict[tuple[int, int], np.ndarray] = {}
@@ -165,11 +168,11 @@ def collapse_followers(
         if u_map is None:
             continue
         root, to_u = resolve(e.src)
-        mapping = u_map[to_u]
-        compute[root] = compute[root] + compute[v][mapping]
+        mapping = made.taken(u_map, to_u)
+        compute[root] = made.added(compute[root], compute[v], mapping)
         if v in memory:  # a follower's bytes are its root's, strategy for strategy
-            mem = memory.pop(v)[mapping]
-            memory[root] = memory[root] + mem if root in memory else mem
+            mem = made.taken(memory.pop(v), mapping)
+            memory[root] = made.added(memory[root], mem, None) if root in memory else mem
         roots[v] = (root, mapping)
         followed[v] = e
 
@@ -183,13 +186,13 @@ def collapse_followers(
         src_group, dst_group = e.src_group, e.dst_group
         if src in roots:
             src, m = roots[src]
-            src_group = e.src_group[m]
+            src_group = made.taken(e.src_group, m)
         if dst in roots:
             dst, m = roots[dst]
-            dst_group = e.dst_group[m]
+            dst_group = made.taken(e.dst_group, m)
         fates.append(len(kept_edges))
         kept_edges.append(e.moved(src=src, dst=dst, src_group=src_group, dst_group=dst_group))
-    merged, index = _merge_self_edges(kept_edges, compute)
+    merged, index = _merge_self_edges(kept_edges, compute, made)
     reduced = CostTable(
         compute={v: c for v, c in compute.items() if v not in roots},
         edges=merged,
@@ -200,7 +203,7 @@ def collapse_followers(
 
 
 def _merge_self_edges(
-    edges: list[EdgeCost], compute: dict[str, np.ndarray]
+    edges: list[EdgeCost], compute: dict[str, np.ndarray], made: _Made
 ) -> tuple[tuple[EdgeCost, ...], list[int]]:
     """An edge whose both ends collapsed into one root is a per-strategy cost of that root:
     the other edges, and where each input edge went (its index, or :data:`FOLDED`)."""
@@ -212,6 +215,44 @@ def _merge_self_edges(
             out.append(e)
             continue
         index.append(FOLDED)
-        extra = e.cost[e.src_group, e.dst_group]
-        compute[e.src] = compute[e.src] + np.where(np.isfinite(extra), extra, np.inf)
+        compute[e.src] = made.folded(compute[e.src], e)
     return tuple(out), index
+
+
+class _Made:
+    """The arrays the reduction makes from others, each made once per distinct operands
+    (by identity): twin layers' nodes and edges hold the same arrays, so their sums and
+    maps are one array too (on deep models most of the reduction's bytes). It holds the
+    operands, so that no id is reused while it lives."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[Any, ...], tuple[np.ndarray, tuple[Any, ...]]] = {}
+
+    def _once(self, key: tuple[Any, ...], operands: tuple[Any, ...], make: Any) -> np.ndarray:
+        found = self._made.get(key)
+        if found is None:
+            found = self._made[key] = (make(), operands)
+        return found[0]
+
+    def identity(self, n: int) -> np.ndarray:
+        """``arange(n)``, the map of a root to itself."""
+        return self._once(("identity", n), (), lambda: np.arange(n))
+
+    def taken(self, a: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """``a[index]``."""
+        return self._once(("taken", id(a), id(index)), (a, index), lambda: a[index])
+
+    def added(self, a: np.ndarray, b: np.ndarray, index: np.ndarray | None) -> np.ndarray:
+        """``a + b[index]`` (``a + b`` when ``index`` is None)."""
+        key = ("added", id(a), id(b), id(index))
+        return self._once(key, (a, b, index), lambda: a + (b if index is None else b[index]))
+
+    def folded(self, a: np.ndarray, e: EdgeCost) -> np.ndarray:
+        """``a`` plus the prices of an edge whose ends are one root, strategy by strategy."""
+
+        def make() -> np.ndarray:
+            extra = e.cost[e.src_group, e.dst_group]
+            return a + np.where(np.isfinite(extra), extra, np.inf)
+
+        key = ("folded", id(a), id(e.cost), id(e.src_group), id(e.dst_group))
+        return self._once(key, (a, e.cost, e.src_group, e.dst_group), make)
