@@ -34,12 +34,14 @@ plan is then read out of the exact per-layer recomputation.
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
 import numpy as np
 from torch import fx
 
+from autoplan.core.by_identity import ByIdentity
 from autoplan.core.components import components
 from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.core.graph import forward_part, layer_of
@@ -159,6 +161,7 @@ def layer_modes(
             original_dst[fate] = e.dst
 
     compute: dict[str, np.ndarray] = dict(reduced.compute)
+    pool = _Pool()  # twin layers' roots: one array for all of them
     memory: dict[str, np.ndarray] = dict(reduced.memory)
     for r, group in members.items():
         parts = []
@@ -179,9 +182,9 @@ def layer_modes(
                     time += e.cost[at(src_map, e.src_group), at(dst_map, e.dst_group)]
             parts.append((time, mem))
         if r in widths:
-            compute[r] = np.concatenate([t for t, _ in parts])
+            compute[r] = pool.interned(np.concatenate([t for t, _ in parts]))
         if r in widths or parts[0][1].any():
-            memory[r] = np.concatenate([m for _, m in parts])
+            memory[r] = pool.interned(np.concatenate([m for _, m in parts]))
     edges, joined = _edges(reduced.edges, original_dst, layers, again, count)
     edges += _links(layers, widths, joined, count)
     return ModeChoice(
@@ -199,6 +202,19 @@ def layer_modes(
     )
 
 
+class _Pool:
+    """Equal arrays as one: the first of each value is kept and handed out for the
+    others (twin layers' roots price alike, and the arrays are read, never written)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, ...], np.ndarray] = {}
+
+    def interned(self, a: np.ndarray) -> np.ndarray:
+        key = (a.dtype.str, a.shape, hashlib.blake2b(np.ascontiguousarray(a).data).digest())
+        found = self._kept.setdefault(key, a)
+        return found if np.array_equal(found, a) else a
+
+
 def _edges(
     edges: tuple[EdgeCost, ...],
     original_dst: dict[int, str],
@@ -208,34 +224,29 @@ def _edges(
 ) -> tuple[tuple[EdgeCost, ...], list[tuple[str, str]]]:
     """Each reduced edge over its ends' strategies per mode, and the pairs of roots it
     joins mode to mode (a block diagonal edge)."""
-    memo: dict[tuple[int, ...], np.ndarray] = {}
+    memo = ByIdentity()  # twin edges hold the same arrays: each is repeated once
 
     def tiled(a: np.ndarray) -> np.ndarray:
-        key = (id(a), 0)
-        if key not in memo:
-            memo[key] = np.tile(a, count)
-        return memo[key]
+        return memo.made("tiled", (a,), lambda: np.tile(a, count))
 
     def stacked(g: np.ndarray, width: int) -> np.ndarray:
-        key = (id(g), 1, width)
-        if key not in memo:
-            memo[key] = np.concatenate([g + k * width for k in range(count)])
-        return memo[key]
+        return memo.made(
+            ("stacked", width), (g,), lambda: np.concatenate([g + k * width for k in range(count)])
+        )
 
     def priced(c: np.ndarray, twice: tuple[bool, ...], diagonal: bool) -> np.ndarray:
-        key = (id(c), 2, diagonal, *twice)
-        if key not in memo:
+        def make() -> np.ndarray:
             blocks = [c * 2 if t else c for t in twice]
-            if diagonal:
-                out = np.full((count * c.shape[0], count * c.shape[1]), np.inf)
-                for k, b in enumerate(blocks):
-                    out[
-                        k * c.shape[0] : (k + 1) * c.shape[0], k * c.shape[1] : (k + 1) * c.shape[1]
-                    ] = b
-            else:
-                out = np.hstack(blocks)
-            memo[key] = out
-        return memo[key]
+            if not diagonal:
+                return np.hstack(blocks)
+            out = np.full((count * c.shape[0], count * c.shape[1]), np.inf)
+            for k, b in enumerate(blocks):
+                out[
+                    k * c.shape[0] : (k + 1) * c.shape[0], k * c.shape[1] : (k + 1) * c.shape[1]
+                ] = b
+            return out
+
+        return memo.made(("priced", diagonal, twice), (c,), make)
 
     out: list[EdgeCost] = []
     joined: list[tuple[str, str]] = []
@@ -253,29 +264,33 @@ def _edges(
         rows, cols = e.cost.shape
         if src_in:
             if diagonal:
-                changes |= _grouped(e, "src", stacked(e.src_group, rows), count)
+                changes |= _grouped(e, "src", stacked(e.src_group, rows), count, memo)
             else:
                 changes["src_group"] = tiled(e.src_group)
         if dst_in:
             if recomputed:
-                changes |= _grouped(e, "dst", stacked(e.dst_group, cols), count)
+                changes |= _grouped(e, "dst", stacked(e.dst_group, cols), count, memo)
                 changes["cost"] = priced(e.cost, twice, diagonal)
             else:
                 changes["dst_group"] = tiled(e.dst_group)
         if diagonal:
             joined.append((e.src, e.dst))
         if recomputed and e.net is not None:
-            changes |= _moded_route(e, twice, diagonal, networks)
+            changes |= _moded_route(e, twice, diagonal, networks, memo)
         out.append(replace(e, **changes))  # type: ignore[arg-type]
     return tuple(out), joined
 
 
-def _grouped(e: EdgeCost, end: str, group: np.ndarray, count: int) -> dict[str, object]:
+def _grouped(
+    e: EdgeCost, end: str, group: np.ndarray, count: int, memo: ByIdentity
+) -> dict[str, object]:
     """One end's groups repeated per mode, with their placements."""
     placements = getattr(e, f"{end}_placements")
     changes: dict[str, object] = {f"{end}_group": group}
     if placements:
-        changes[f"{end}_placements"] = tuple(placements) * count
+        changes[f"{end}_placements"] = memo.made(
+            ("placements", count), (placements,), lambda: tuple(placements) * count
+        )
     return changes
 
 
@@ -283,7 +298,8 @@ def _moded_route(
     e: EdgeCost,
     twice: tuple[bool, ...],
     diagonal: bool,
-    memo: dict[tuple[int, tuple[bool, ...]], ModeRoutes],
+    networks: dict[tuple[int, tuple[bool, ...]], ModeRoutes],
+    memo: ByIdentity,
 ) -> dict[str, object]:
     """A route-priced edge into a recomputed node, still a flow (a few moves, not every
     pair): over a network of its states once per mode, each copy's prices doubled where
@@ -293,14 +309,19 @@ def _moded_route(
     assert isinstance(e.net, Routes) and not isinstance(e.net, ModeRoutes)
     assert e.row_state is not None and e.col_state is not None
     key = (id(e.net), twice)
-    if key not in memo:
-        memo[key] = ModeRoutes(e.net, tuple(2.0 if t else 1.0 for t in twice))
-    size = e.net.size
-    cols = np.concatenate([e.col_state + (k + 1) * size for k in range(len(twice))])
-    rows = e.row_state
-    if diagonal:
-        rows = np.concatenate([e.row_state + (k + 1) * size for k in range(len(twice))])
-    return {"net": memo[key], "row_state": rows, "col_state": cols}
+    if key not in networks:
+        networks[key] = ModeRoutes(e.net, tuple(2.0 if t else 1.0 for t in twice))
+    size, count = e.net.size, len(twice)
+
+    def copies(states: np.ndarray) -> np.ndarray:  # the states in each mode's copy
+        return memo.made(
+            ("copies", size, count),
+            (states,),
+            lambda: np.concatenate([states + (k + 1) * size for k in range(count)]),
+        )
+
+    rows = copies(e.row_state) if diagonal else e.row_state
+    return {"net": networks[key], "row_state": rows, "col_state": copies(e.col_state)}
 
 
 def _links(

@@ -113,3 +113,22 @@ def test_a_route_priced_edge_stays_a_flow_whose_routes_cost_its_prices():
         if e.net is not None:
             assert e.row_state is not None and e.col_state is not None
             np.testing.assert_allclose(e.net.distances(e.row_state, e.col_state), e.cost)
+
+
+def test_twin_layers_share_their_mode_expanded_arrays():
+    """The mode space of a 5-layer LLaMA holds one array per layer class for the roots'
+    compute and memory and the edges' groups, placements and prices, not one per layer
+    (the three inner layers are twins); the prices are checked exactly above."""
+    traced, table, costs, allowed = priced_tiny_llama(5, (2, 2))
+    reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
+    space = layer_modes(traced, table, costs, reduction)
+    roots = [r for r in space.costs.compute if r in space.layers]
+    for arrays in (
+        [space.costs.compute[r] for r in roots],
+        [space.costs.memory[r] for r in roots if r in space.costs.memory],
+    ):
+        assert len({id(a) for a in arrays}) <= 0.6 * len(arrays), len(arrays)
+    moded = [e for e in space.costs.edges if e.dst in space.layers and e.dst_placements]
+    for field in ("dst_group", "dst_placements", "cost"):
+        found = [getattr(e, field) for e in moded]
+        assert len({id(x) for x in found}) <= 0.6 * len(found), field

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.core.by_identity import ByIdentity
 from autoplan.cost.price import GRAD_SLOT, CostTable, EdgeCost
 from autoplan.strategies.table import StrategyTable
 
@@ -220,32 +221,26 @@ def _merge_self_edges(
 
 
 class _Made:
-    """The arrays the reduction makes from others, each made once per distinct operands
-    (by identity): twin layers' nodes and edges hold the same arrays, so their sums and
-    maps are one array too (on deep models most of the reduction's bytes). It holds the
-    operands, so that no id is reused while it lives."""
+    """The arrays the reduction makes from others, each once per distinct operands
+    (:class:`~autoplan.core.by_identity.ByIdentity`): twin layers' nodes and edges hold
+    the same arrays, so their sums and maps are one array too."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[Any, ...], tuple[np.ndarray, tuple[Any, ...]]] = {}
-
-    def _once(self, key: tuple[Any, ...], operands: tuple[Any, ...], make: Any) -> np.ndarray:
-        found = self._made.get(key)
-        if found is None:
-            found = self._made[key] = (make(), operands)
-        return found[0]
+        self._memo = ByIdentity()
 
     def identity(self, n: int) -> np.ndarray:
         """``arange(n)``, the map of a root to itself."""
-        return self._once(("identity", n), (), lambda: np.arange(n))
+        return self._memo.made(("identity", n), (), lambda: np.arange(n))
 
     def taken(self, a: np.ndarray, index: np.ndarray) -> np.ndarray:
         """``a[index]``."""
-        return self._once(("taken", id(a), id(index)), (a, index), lambda: a[index])
+        return self._memo.made("taken", (a, index), lambda: a[index])
 
     def added(self, a: np.ndarray, b: np.ndarray, index: np.ndarray | None) -> np.ndarray:
         """``a + b[index]`` (``a + b`` when ``index`` is None)."""
-        key = ("added", id(a), id(b), id(index))
-        return self._once(key, (a, b, index), lambda: a + (b if index is None else b[index]))
+        return self._memo.made(
+            "added", (a, b, index), lambda: a + (b if index is None else b[index])
+        )
 
     def folded(self, a: np.ndarray, e: EdgeCost) -> np.ndarray:
         """``a`` plus the prices of an edge whose ends are one root, strategy by strategy."""
@@ -254,5 +249,4 @@ class _Made:
             extra = e.cost[e.src_group, e.dst_group]
             return a + np.where(np.isfinite(extra), extra, np.inf)
 
-        key = ("folded", id(a), id(e.cost), id(e.src_group), id(e.dst_group))
-        return self._once(key, (a, e.cost, e.src_group, e.dst_group), make)
+        return self._memo.made("folded", (a, e.cost, e.src_group, e.dst_group), make)
