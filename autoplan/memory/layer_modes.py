@@ -34,7 +34,6 @@ plan is then read out of the exact per-layer recomputation.
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -42,6 +41,7 @@ import numpy as np
 from torch import fx
 
 from autoplan.core.by_identity import ByIdentity
+from autoplan.core.by_value import ByValue
 from autoplan.core.components import components
 from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.core.graph import forward_part, layer_of
@@ -161,7 +161,7 @@ def layer_modes(
             original_dst[fate] = e.dst
 
     compute: dict[str, np.ndarray] = dict(reduced.compute)
-    pool = _Pool()  # twin layers' roots: one array for all of them
+    pool = ByValue()  # twin layers' roots: one array for all of them
     memory: dict[str, np.ndarray] = dict(reduced.memory)
     for r, group in members.items():
         parts = []
@@ -200,19 +200,6 @@ def layer_modes(
         layers,
         modes,
     )
-
-
-class _Pool:
-    """Equal arrays as one: the first of each value is kept and handed out for the
-    others (twin layers' roots price alike, and the arrays are read, never written)."""
-
-    def __init__(self) -> None:
-        self._kept: dict[tuple[object, ...], np.ndarray] = {}
-
-    def interned(self, a: np.ndarray) -> np.ndarray:
-        key = (a.dtype.str, a.shape, hashlib.blake2b(np.ascontiguousarray(a).data).digest())
-        found = self._kept.setdefault(key, a)
-        return found if np.array_equal(found, a) else a
 
 
 def _edges(

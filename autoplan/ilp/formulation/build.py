@@ -59,7 +59,7 @@ import numpy as np
 
 from autoplan.cost.price import CostTable
 from autoplan.ilp.formulation.matrix import MEMORY_UNIT, Emitted, emit
-from autoplan.ilp.formulation.problem import Problem, build_problem, simplify
+from autoplan.ilp.formulation.problem import Problem, build_problem, share_equal_prices, simplify
 from autoplan.ilp.formulation.prune import prune_dominated
 
 
@@ -159,6 +159,7 @@ def build_ilp(
     simplify(p)
     before = p.num_allowed()
     pruned = prune_dominated(p, max_rounds=_PRUNE_ROUNDS) if prune else 0
+    share_equal_prices(p)
     stats = {
         "classes": len(p.linear),
         "strategies": before,

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.core.by_value import ByValue
 from autoplan.core.components import components
 from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
@@ -298,6 +299,19 @@ def simplify(p: Problem) -> None:
         if not _fold(p, e):
             kept.append(e)
     p.edges = kept
+
+
+def share_equal_prices(p: Problem) -> None:
+    """One matrix for edges whose compacted prices are equal (tied classes alike, made
+    apart): the edges' matrices are read, never written. Only matrices whose shape
+    another distinct one has are compared."""
+    by_shape: dict[tuple[object, ...], dict[int, np.ndarray]] = defaultdict(dict)
+    for e in p.edges:
+        by_shape[e.cost.dtype.str, e.cost.shape][id(e.cost)] = e.cost
+    pool = ByValue()
+    for e in p.edges:
+        if len(by_shape[e.cost.dtype.str, e.cost.shape]) > 1:
+            e.cost = pool.interned(e.cost)
 
 
 def plain_size(costs: CostTable, budget: bool) -> tuple[int, int]:
