@@ -237,7 +237,6 @@ def _edges(
 
     out: list[EdgeCost] = []
     joined: list[tuple[str, str]] = []
-    networks: dict[tuple[int, tuple[bool, ...]], ModeRoutes] = {}
     for q, e in enumerate(edges):
         dst = original_dst.get(q)
         twice = tuple(dst in r for r in again)
@@ -263,7 +262,7 @@ def _edges(
         if diagonal:
             joined.append((e.src, e.dst))
         if recomputed and e.net is not None:
-            changes |= _moded_route(e, twice, diagonal, networks, memo)
+            changes |= _moded_route(e, twice, diagonal, memo)
         out.append(replace(e, **changes))  # type: ignore[arg-type]
     return tuple(out), joined
 
@@ -285,7 +284,6 @@ def _moded_route(
     e: EdgeCost,
     twice: tuple[bool, ...],
     diagonal: bool,
-    networks: dict[tuple[int, tuple[bool, ...]], ModeRoutes],
     memo: ByIdentity,
 ) -> dict[str, object]:
     """A route-priced edge into a recomputed node, still a flow (a few moves, not every
@@ -295,10 +293,11 @@ def _moded_route(
     columns end in their mode's copy."""
     assert isinstance(e.net, Routes) and not isinstance(e.net, ModeRoutes)
     assert e.row_state is not None and e.col_state is not None
-    key = (id(e.net), twice)
-    if key not in networks:
-        networks[key] = ModeRoutes(e.net, tuple(2.0 if t else 1.0 for t in twice))
-    size, count = e.net.size, len(twice)
+    net = e.net
+    moded = memo.made(
+        ("routes", twice), (net,), lambda: ModeRoutes(net, tuple(2.0 if t else 1.0 for t in twice))
+    )
+    size, count = net.size, len(twice)
 
     def copies(states: np.ndarray) -> np.ndarray:  # the states in each mode's copy
         return memo.made(
@@ -308,7 +307,7 @@ def _moded_route(
         )
 
     rows = copies(e.row_state) if diagonal else e.row_state
-    return {"net": networks[key], "row_state": rows, "col_state": copies(e.col_state)}
+    return {"net": moded, "row_state": rows, "col_state": copies(e.col_state)}
 
 
 def _links(
