@@ -30,6 +30,7 @@ from torch import fx
 
 from autoplan.core.placements import Placements, cotangent_placements
 from autoplan.core.topology import Topology
+from autoplan.cost.block_diagonal import Prices
 from autoplan.cost.collectives import CollectiveModel
 from autoplan.cost.compute import ComputeModel, placements_bytes
 from autoplan.cost.edge_prices import EdgePricer
@@ -53,7 +54,7 @@ class EdgeCost:
     slot: int
     src_group: np.ndarray
     dst_group: np.ndarray
-    cost: np.ndarray
+    cost: Prices  # block diagonal only in the layer modes' table (autoplan.memory.layer_modes)
     src_placements: tuple[Placements, ...] = field(default=())
     dst_placements: tuple[Placements, ...] = field(default=())
     tensor: TensorInfo | None = None

@@ -115,7 +115,8 @@ class SharedLaunch:
         where = self.where(e) if self.open else ""
         if not where or e.tensor is None:
             return out
-        cells = np.isfinite(e.cost) & (e.cost > 0)
+        prices = np.asarray(e.cost)
+        cells = np.isfinite(prices) & (prices > 0)
         walk = _Walk(self, where, e.tensor.shape, e.tensor.dtype_bytes, redist)
         net, row_state, col_state = e.net, e.row_state, e.col_state
         if net is None or row_state is None or col_state is None:

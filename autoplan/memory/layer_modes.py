@@ -45,6 +45,7 @@ from autoplan.core.by_value import ByValue
 from autoplan.core.components import components
 from autoplan.core.config import CHECKPOINT_MODES
 from autoplan.core.graph import forward_part, layer_of
+from autoplan.cost.block_diagonal import BlockDiagonal
 from autoplan.cost.mode_routes import ModeRoutes
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.cost.routes import Routes
@@ -221,17 +222,13 @@ def _edges(
             ("stacked", width), (g,), lambda: np.concatenate([g + k * width for k in range(count)])
         )
 
-    def priced(c: np.ndarray, twice: tuple[bool, ...], diagonal: bool) -> np.ndarray:
-        def make() -> np.ndarray:
-            blocks = [c * 2 if t else c for t in twice]
-            if not diagonal:
-                return np.hstack(blocks)
-            out = np.full((count * c.shape[0], count * c.shape[1]), np.inf)
-            for k, b in enumerate(blocks):
-                out[
-                    k * c.shape[0] : (k + 1) * c.shape[0], k * c.shape[1] : (k + 1) * c.shape[1]
-                ] = b
-            return out
+    def priced(
+        c: np.ndarray, twice: tuple[bool, ...], diagonal: bool
+    ) -> np.ndarray | BlockDiagonal:
+        def make() -> np.ndarray | BlockDiagonal:
+            doubled = memo.made("doubled", (c,), lambda: c * 2)
+            blocks = tuple(doubled if t else c for t in twice)
+            return BlockDiagonal(blocks) if diagonal else np.hstack(blocks)
 
         return memo.made(("priced", diagonal, twice), (c,), make)
 
@@ -256,7 +253,7 @@ def _edges(
         if dst_in:
             if recomputed:
                 changes |= _grouped(e, "dst", stacked(e.dst_group, cols), count, memo)
-                changes["cost"] = priced(e.cost, twice, diagonal)
+                changes["cost"] = priced(np.asarray(e.cost), twice, diagonal)
             else:
                 changes["dst_group"] = tiled(e.dst_group)
         if diagonal:

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import autoplan
 from autoplan.core.config import CHECKPOINT_MODES
+from autoplan.cost.block_diagonal import BlockDiagonal
+from autoplan.ilp.bound.dual import ascend
 from autoplan.ilp.bound.incumbent import footprint, priced
 from autoplan.ilp.formulation.build import build_ilp
 from autoplan.ilp.reductions.followers import collapse_followers
+from autoplan.ilp.reductions.tying import cluster
 from autoplan.ilp.solver.solve import solve
 from autoplan.memory.layer_modes import layer_modes, mode_boundary
 from autoplan.memory.recompute import checkpointed, layer_names, recompute_set
@@ -132,3 +137,41 @@ def test_twin_layers_share_their_mode_expanded_arrays():
     for field in ("dst_group", "dst_placements", "cost"):
         found = [getattr(e, field) for e in moded]
         assert len({id(x) for x in found}) <= 0.6 * len(found), field
+
+
+@pytest.mark.parametrize("budget_share", [None, 0.6])
+def test_block_diagonal_edges_build_the_ilp_their_dense_matrices_build(budget_share):
+    """The mode table's edges within a layer kept as blocks, through simplifying, pruning,
+    tying and sharing, lay out the same ILP as the same edges made dense, and its dual
+    ascent reaches the same bound."""
+    traced, table, costs, allowed = priced_tiny_llama(3, (2, 2))
+    reduction = collapse_followers(table, costs, keep=set(allowed) | mode_boundary(traced))
+    space = layer_modes(traced, table, costs, reduction)
+    blocked = [e for e in space.costs.edges if isinstance(e.cost, BlockDiagonal)]
+    assert blocked
+    dense = replace(
+        space.costs,
+        edges=tuple(replace(e, cost=np.asarray(e.cost)) for e in space.costs.edges),
+    )
+    budget = None
+    if budget_share is not None:  # between the least and the most a plan may keep
+        least = footprint(
+            space.costs.memory, {v: int(np.argmin(m)) for v, m in space.costs.memory.items()}
+        )
+        most = footprint(
+            space.costs.memory, {v: int(np.argmax(m)) for v, m in space.costs.memory.items()}
+        )
+        budget = least + budget_share * (most - least)
+    models = []
+    for table_ in (space.costs, dense):
+        tie = cluster(table_).rep
+        models.append(
+            build_ilp(table_, allowed=space.allowed(allowed), memory_budget_bytes=budget, tie=tie)
+        )
+    kept, whole = models
+    assert any(isinstance(e.cost, BlockDiagonal) for e in kept.reduced.edges)
+    for field in ("cost", "upper", "integer", "row_lower", "row_upper", "start", "index", "value"):
+        np.testing.assert_array_equal(
+            getattr(kept.emitted.matrix, field), getattr(whole.emitted.matrix, field), field
+        )
+    assert ascend(kept.reduced).bound == pytest.approx(ascend(whole.reduced).bound, rel=1e-12)

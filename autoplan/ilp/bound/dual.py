@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.cost.block_diagonal import BlockDiagonal
 from autoplan.ilp.bound.dual_layout import (
     End,
     Potentials,
@@ -132,9 +133,12 @@ class _Ascent:
             s = End(len(self.pairs), 0, e.src_group, p.allowed(e.src))
             d = End(len(self.pairs), 1, e.dst_group, p.allowed(e.dst))
             whole = len(s.present) == e.cost.shape[0] and len(d.present) == e.cost.shape[1]
-            mat = e.cost if whole else e.cost[np.ix_(s.present, d.present)]  # read, not written
-            # rounded once the blocks are cut: a moded edge keeps a third of its prices
-            blocks = diagonal_blocks(mat, mode_blocks(p, e.src, e.dst))
+            count = mode_blocks(p, e.src, e.dst)
+            if whole and isinstance(e.cost, BlockDiagonal) and len(e.cost.blocks) == count:
+                blocks = np.stack(e.cost.blocks)
+            else:  # read, not written; rounded once the blocks are cut (a third of a moded edge)
+                mat = np.asarray(e.cost) if whole else e.cost[np.ix_(s.present, d.present)]
+                blocks = diagonal_blocks(mat, count)
             prices = rounded_down(e.scaled(blocks))
             finite = np.isfinite(prices)
             s.attach(prices, d, e.cost.shape[0], pos[e.dst], finite)

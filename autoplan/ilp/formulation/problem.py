@@ -32,6 +32,7 @@ Simplifications (each keeps every optimum):
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,10 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.core.by_identity import ByIdentity
 from autoplan.core.by_value import ByValue
 from autoplan.core.components import components
+from autoplan.cost.block_diagonal import BlockDiagonal, Prices, live, taken
 from autoplan.cost.price import CostTable
 from autoplan.cost.routes import Routes
+from autoplan.ilp.formulation.block_compact import Compacted, compact_blocks
 from autoplan.ilp.formulation.distinct import distinct_cols, distinct_rows
 from autoplan.ilp.reductions.tying import edge_key
 from autoplan.ilp.scratch import Scratch
@@ -69,7 +73,7 @@ class Edge:
     dst: str
     src_group: np.ndarray
     dst_group: np.ndarray
-    cost: np.ndarray
+    cost: Prices  # dense once compacted (simplify)
     name: str
     compact: bool = False
     # A route-priced edge (cost.routes): cost[g, h] is the network's distance from
@@ -212,11 +216,12 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scratch: Scratch) 
     cols = _used(e.dst_group, ok_dst, e.cost.shape[1])
     if e.compact and rows.all() and cols.all():
         return  # nothing dropped since the last compaction
-    sub = e.cost if rows.all() and cols.all() else e.cost[np.ix_(rows, cols)]
-    prices = sub if e.scale == 1.0 else np.multiply(sub, e.scale, out=scratch.like(sub.shape))
-    row_first, row_of = distinct_rows(prices)
-    uniq_rows = prices if len(row_first) == len(prices) else prices[row_first]
-    col_first, col_of = distinct_cols(uniq_rows)
+    done = (
+        compact_blocks(e.cost, rows, cols, e.scale) if isinstance(e.cost, BlockDiagonal) else None
+    )
+    if done is None:
+        done = _compact_dense(e, rows, cols, scratch)
+    row_first, row_of, col_first, col_of = done.row_first, done.row_of, done.col_first, done.col_of
     if e.row_state is not None and e.col_state is not None:
         # a merged row keeps its first member's state: equal rows are equal distances
         e.row_state = e.row_state[np.flatnonzero(rows)[row_first]]
@@ -227,16 +232,27 @@ def _compact(e: Edge, ok_src: np.ndarray, ok_dst: np.ndarray, scratch: Scratch) 
     col_map[cols] = col_of
     e.src_group = np.where(ok_src, row_map[e.src_group], -1)
     e.dst_group = np.where(ok_dst, col_map[e.dst_group], -1)
+    e.cost = done.cost
+    e.compact = True
+
+
+def _compact_dense(e: Edge, rows: np.ndarray, cols: np.ndarray, scratch: Scratch) -> Compacted:
+    """:func:`_compact`'s distinct rows and columns of ``e``'s used ones, as one matrix."""
+    sub = taken(e.cost, rows, cols)
+    prices = sub if e.scale == 1.0 else np.multiply(sub, e.scale, out=scratch.like(sub.shape))
+    row_first, row_of = distinct_rows(prices)
+    uniq_rows = prices if len(row_first) == len(prices) else prices[row_first]
+    col_first, col_of = distinct_cols(uniq_rows)
     # the matrix stays unscaled: a merged row keeps its first member's
     kept = uniq_rows if e.scale == 1.0 else sub if len(row_first) == len(sub) else sub[row_first]
-    e.cost = np.ascontiguousarray(kept if len(col_first) == kept.shape[1] else kept[:, col_first])
-    e.compact = True
+    cost = np.ascontiguousarray(kept if len(col_first) == kept.shape[1] else kept[:, col_first])
+    return Compacted(row_first, row_of, col_first, col_of, cost)
 
 
 def _fold(p: Problem, e: Edge) -> bool:
     """Fold a one-row, one-column, additive or zero edge into linear costs; True if done."""
-    if not np.isfinite(e.cost).all():
-        return False
+    if isinstance(e.cost, BlockDiagonal) or not np.isfinite(e.cost).all():
+        return False  # a block diagonal matrix has inf outside its blocks
     if e.cost.shape[0] > 1 and e.cost.shape[1] > 1:
         c = e.prices()
         a, b = c[:, :1], c[:1, :] - c[0, 0]
@@ -255,8 +271,8 @@ def _restrict(p: Problem, e: Edge) -> bool:
     ok_s, ok_d = p.allowed(e.src), p.allowed(e.dst)
     rows = _used(e.src_group, ok_s, e.cost.shape[0])
     cols = _used(e.dst_group, ok_d, e.cost.shape[1])
-    finite = np.isfinite(e.cost) & rows[:, None] & cols[None, :]
-    dead_rows, dead_cols = ~finite.any(axis=1), ~finite.any(axis=0)
+    row_live, col_live = live(e.cost, rows, cols)
+    dead_rows, dead_cols = ~row_live, ~col_live
     why = f"edge {e.name}: no allowed placement on one side can be redistributed into any allowed on the other"
     changed = _forbid(p, e.src, ok_s & dead_rows[e.src_group], why)
     return _forbid(p, e.dst, ok_d & dead_cols[e.dst_group], why) or changed
@@ -307,11 +323,22 @@ def share_equal_prices(p: Problem) -> None:
     another distinct one has are compared."""
     by_shape: dict[tuple[object, ...], dict[int, np.ndarray]] = defaultdict(dict)
     for e in p.edges:
-        by_shape[e.cost.dtype.str, e.cost.shape][id(e.cost)] = e.cost
-    pool = ByValue()
+        if not isinstance(e.cost, BlockDiagonal):
+            by_shape[e.cost.dtype.str, e.cost.shape][id(e.cost)] = e.cost
+    pool, memo = ByValue(), ByIdentity()
     for e in p.edges:
-        if len(by_shape[e.cost.dtype.str, e.cost.shape]) > 1:
-            e.cost = pool.interned(e.cost)
+        m = e.cost
+        if isinstance(m, BlockDiagonal):  # block by block; edges that shared one still do
+            e.cost = memo.made("blocks", (m,), functools.partial(_interned_blocks, m, pool))
+        elif len(by_shape[m.dtype.str, m.shape]) > 1:
+            e.cost = pool.interned(m)
+
+
+def _interned_blocks(m: BlockDiagonal, pool: ByValue) -> BlockDiagonal:
+    blocks = tuple(pool.interned(b) for b in m.blocks)
+    return (
+        m if all(a is b for a, b in zip(blocks, m.blocks, strict=True)) else BlockDiagonal(blocks)
+    )
 
 
 def plain_size(costs: CostTable, budget: bool) -> tuple[int, int]:

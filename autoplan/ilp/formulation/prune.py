@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from autoplan.cost.block_diagonal import BlockDiagonal
 from autoplan.ilp.formulation.distinct import distinct_rows
 from autoplan.ilp.formulation.problem import Edge, Problem, simplify
 
@@ -75,6 +76,8 @@ def _features(
     for (e, is_src), width in zip(edges, widths[at:], strict=True):
         if is_src:
             part = e.cost[e.src_group[idx]]
+        elif isinstance(e.cost, BlockDiagonal):
+            part = e.cost[:, e.dst_group[idx]].T
         else:
             # a destination's column per strategy: rows of the transpose, made contiguous
             # once when the strategies are at least as many as the columns

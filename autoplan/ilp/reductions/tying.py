@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.cost.block_diagonal import BlockDiagonal, Prices
 from autoplan.cost.price import CostTable, EdgeCost
 from autoplan.ilp.scratch import Scratch
 from autoplan.ilp.tolerances import TIE_DECIMALS
@@ -67,10 +68,14 @@ class _Digests:
         self.memo: dict[Any, str] = {}
         self._scratch = Scratch()
 
-    def of(self, a: np.ndarray) -> str:
+    def of(self, a: Prices) -> str:
         found = self.memo.get(id(a))
         if found is None:
-            found = self.memo[id(a)] = self._digest(a)
+            if isinstance(a, BlockDiagonal):  # by its blocks: twin layers share them
+                found = _digest("diagonal", *(self.of(b) for b in a.blocks))
+            else:
+                found = self._digest(a)
+            self.memo[id(a)] = found
         return found
 
     def _digest(self, a: np.ndarray) -> str:
